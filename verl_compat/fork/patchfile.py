@@ -154,7 +154,9 @@ def apply_file_diff(
         res = HunkResult(file=fd.path, index=k, header=h.header, status="clean")
         if pos is None:
             got = out[expected : expected + len(want)]
-            first_bad = next((j for j, (a, b) in enumerate(zip(want, got)) if a != b), min(len(want), len(got)))
+            first_bad = next(
+                (j for j, (a, b) in enumerate(zip(want, got, strict=False)) if a != b), min(len(want), len(got))
+            )
             res.status = "conflict"
             res.detail = (
                 f"{patch_name}: hunk #{k} {h.header} does not apply to {fd.path}: at line {expected + first_bad + 1} "

@@ -162,9 +162,9 @@ def _body(text: str) -> str:
 
 def _bump_last_update(text: str, today: str | None) -> str:
     today = today or _dt.date.today().isoformat()
-    return "\n".join(
-        f"Last-Update: {today}" if ln.startswith("Last-Update:") else ln for ln in text.splitlines()
-    ) + "\n"
+    return (
+        "\n".join(f"Last-Update: {today}" if ln.startswith("Last-Update:") else ln for ln in text.splitlines()) + "\n"
+    )
 
 
 def _restamp(layout: Layout) -> None:
