@@ -1,0 +1,252 @@
+"""Optional packages: installed (from metadata, without importing them) and usable on *this* profile.
+
+"Importable is not usable": flash-attn imports on a V100 and then raises "FlashAttention only supports Ampere
+GPUs or newer" at the first call; an xformers wheel built for another torch imports and has no C++ ops.
+Every rule below states the actual and the required value. Probing never raises: a failing probe gives
+usable=False with reason "could not check: ...".
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata as metadata
+import importlib.util
+import json
+import logging
+import re
+import subprocess
+import sys
+from collections.abc import Callable
+
+from verl_compat.catalog import triton_officially_supported
+from verl_compat.profile import DeviceProfile, PackageStatus
+from verl_compat.torch_build import TorchBuild, base_version
+
+logger = logging.getLogger("verl_compat.packages")
+
+PACKAGE_NAMES: tuple[str, ...] = ("flash_attn", "xformers", "vllm", "sglang", "triton", "liger_kernel")
+
+# import name -> distribution names to look up, first match wins
+DISTRIBUTIONS: dict[str, tuple[str, ...]] = {
+    "flash_attn": ("flash-attn", "flash_attn"),
+    "xformers": ("xformers",),
+    "vllm": ("vllm",),
+    "sglang": ("sglang",),
+    "triton": ("triton", "pytorch-triton"),
+    "liger_kernel": ("liger-kernel", "liger-kernel-nightly", "liger_kernel"),
+}
+
+Rule = Callable[[DeviceProfile, TorchBuild, str | None], tuple[list[str], list[str]]]  # -> (reasons, notes)
+
+
+def find_installed(name: str) -> tuple[bool, str | None, str | None]:
+    """(installed, version, distribution name) from package metadata; falls back to find_spec (no import)."""
+    for dist in DISTRIBUTIONS.get(name, (name,)):
+        try:
+            return True, metadata.version(dist), dist
+        except metadata.PackageNotFoundError:
+            continue
+    # a top-level find_spec locates the package without executing it (e.g. a source checkout on sys.path)
+    return importlib.util.find_spec(name) is not None, None, None
+
+
+def torch_pin(dist: str | None) -> str | None:
+    """The exact `torch==X` a wheel was built against, from its metadata (xformers/vllm/sglang pin torch)."""
+    if dist is None:
+        return None
+    for req in metadata.requires(dist) or []:
+        m = re.match(r"\s*torch\s*\(?\s*==\s*([0-9][^,;)\s]*)", req)
+        if m and "extra ==" not in req:
+            return m.group(1)
+    return None
+
+
+def _cc_str(cc: tuple[int, int] | None) -> str:
+    return f"{cc[0]}.{cc[1]}" if cc else "unknown"
+
+
+def _cuda_reasons(profile: DeviceProfile, what: str) -> list[str]:
+    """Reasons shared by every CUDA-only package."""
+    if profile.device_type != "cuda":
+        return [f"{what} needs a CUDA device; this device is {profile.device_type}"]
+    if profile.torch_covers_device is False:
+        return [f"the installed torch has no kernels for sm_{profile.sm} (see the torch section)"]
+    return []
+
+
+def _needs_cc(profile: DeviceProfile, minimum: tuple[int, int], what: str) -> list[str]:
+    cc = profile.compute_capability
+    if cc is None or cc >= minimum:
+        return []
+    return [f"{what} needs compute capability >= {_cc_str(minimum)}; device has {_cc_str(cc)}"]
+
+
+def _torch_pin_reasons(build: TorchBuild, dist: str | None, name: str) -> list[str]:
+    pin = torch_pin(dist)
+    have = base_version(build.version)
+    if pin and have and base_version(pin) != have:
+        return [f"{name} was built for torch=={pin}, installed torch is {build.version}: its compiled ops won't load"]
+    return []
+
+
+def _flash_attn(profile: DeviceProfile, build: TorchBuild, dist: str | None) -> tuple[list[str], list[str]]:
+    reasons = _needs_cc(profile, (8, 0), 'FlashAttention-2 ("only supports Ampere GPUs or newer")')
+    reasons += _cuda_reasons(profile, "flash-attn")
+    if not reasons and importlib.util.find_spec("flash_attn_2_cuda") is None:
+        reasons.append("its CUDA extension flash_attn_2_cuda is not installed")
+    return reasons, []
+
+
+def _xformers(profile: DeviceProfile, build: TorchBuild, dist: str | None) -> tuple[list[str], list[str]]:
+    reasons = _cuda_reasons(profile, "xformers")
+    # cutlass fMHA runs on sm_50+ (P100 and up, SIMT below sm_70); prebuilt wheels >= 0.0.31 dropped sm_70 and
+    # older, following torch (xformers CHANGELOG). torch's own aten::_efficient_attention is the same kernel.
+    reasons += _needs_cc(profile, (5, 0), "xformers' memory-efficient attention")
+    version = _installed_version("xformers")
+    cc = profile.compute_capability
+    if cc is not None and cc < (7, 5) and _version_at_least(version, (0, 0, 31)):
+        reasons.append(
+            f"xformers {version} wheels dropped V100 and older (since 0.0.31); device has {_cc_str(cc)}. "
+            "torch's own memory-efficient SDPA kernel serves instead"
+        )
+    reasons += _torch_pin_reasons(build, dist, "xformers")
+    if not reasons and build.cuda:
+        reasons += _xformers_cpp_ops()
+    return reasons, []
+
+
+def _vllm(profile: DeviceProfile, build: TorchBuild, dist: str | None) -> tuple[list[str], list[str]]:
+    reasons = _needs_cc(profile, (7, 0), "vLLM")
+    reasons += _cuda_reasons(profile, "vLLM")
+    cc = profile.compute_capability
+    if cc is not None and (7, 0) <= cc < (7, 5) and _cuda_major(build.cuda) >= 13:
+        reasons.append(f"a CUDA {build.cuda} vLLM/torch cannot target sm_{profile.sm} (CUDA 13 starts at sm_75)")
+    reasons += _torch_pin_reasons(build, dist, "vLLM")
+    notes = []
+    if cc is not None and cc < (8, 0):
+        notes.append("no bf16 below sm_80: use dtype=float16/float32; attention falls back to TRITON_ATTN")
+    return reasons, notes
+
+
+def _sglang(profile: DeviceProfile, build: TorchBuild, dist: str | None) -> tuple[list[str], list[str]]:
+    reasons = _needs_cc(profile, (7, 5), 'SGLang ("only supports sm75 and above")')
+    reasons += _cuda_reasons(profile, "SGLang")
+    reasons += _torch_pin_reasons(build, dist, "SGLang")
+    return reasons, []
+
+
+def _triton(profile: DeviceProfile, build: TorchBuild, dist: str | None) -> tuple[list[str], list[str]]:
+    if profile.device_type != "cuda":
+        # Inductor on CPU generates C++, not Triton: Triton being installed does not help here
+        return [f"Triton compiles GPU kernels and needs a CUDA device; this device is {profile.device_type}"], []
+    reasons = _needs_cc(profile, (7, 0), "Triton (torch Inductor raises GPUTooOldForTriton)")
+    reasons += _cuda_reasons(profile, "Triton")
+    notes = []
+    if not reasons and not triton_officially_supported(profile.compute_capability):
+        notes.append(
+            "Triton supports compute capability 8.0+ officially; sm_7x is best effort "
+            '(Volta: "mma -> mma layout conversion is only supported on Ampere")'
+        )
+    return reasons, notes
+
+
+def _liger(profile: DeviceProfile, build: TorchBuild, dist: str | None) -> tuple[list[str], list[str]]:
+    if not find_installed("triton")[0]:
+        return ["Liger kernels are Triton kernels and triton is not installed"], []
+    reasons, notes = _triton(profile, build, None)
+    return [f"Liger kernels are Triton kernels: {r}" for r in reasons], notes
+
+
+RULES: dict[str, Rule] = {
+    "flash_attn": _flash_attn,
+    "xformers": _xformers,
+    "vllm": _vllm,
+    "sglang": _sglang,
+    "triton": _triton,
+    "liger_kernel": _liger,
+}
+
+
+# The device requirements alone (no install checks): why a package could not run here even if installed.
+_HARDWARE_MINIMUM: dict[str, tuple[tuple[int, int], str]] = {
+    "flash_attn": ((8, 0), "FlashAttention-2"),
+    "xformers": ((5, 0), "xformers' memory-efficient attention"),
+    "vllm": ((7, 0), "vLLM"),
+    "sglang": ((7, 5), "SGLang"),
+    "triton": ((7, 0), "Triton"),
+    "liger_kernel": ((7, 0), "Liger (Triton) kernels"),
+}
+
+
+def hardware_reasons(name: str, profile: DeviceProfile) -> list[str]:
+    """Device-only reasons a package cannot run on `profile`, whether or not it is installed."""
+    minimum, label = _HARDWARE_MINIMUM.get(name, ((0, 0), name))
+    if profile.device_type != "cuda":
+        return [f"{label} needs a CUDA device; this device is {profile.device_type}"]
+    return _needs_cc(profile, minimum, label)
+
+
+def _installed_version(name: str) -> str | None:
+    return find_installed(name)[1]
+
+
+def _version_at_least(version: str | None, minimum: tuple[int, ...]) -> bool:
+    if not version:
+        return False
+    parts = [int(p) for p in re.findall(r"\d+", version.split("+")[0])[: len(minimum)]]
+    return tuple(parts) >= minimum
+
+
+def _cuda_major(cuda: str | None) -> int:
+    m = re.match(r"(\d+)", cuda or "")
+    return int(m.group(1)) if m else 0
+
+
+@functools.cache
+def _xformers_cpp_ops() -> list[str]:
+    """Load xformers' C++ ops beside the installed torch in a subprocess: a bad binary cannot crash us."""
+    code = (
+        "import json, xformers\n"
+        "exc = getattr(getattr(xformers, '_cpp_lib', None), '_cpp_library_load_exception', None)\n"
+        "print(json.dumps({'has_cpp': getattr(xformers, '_has_cpp_library', None), 'exc': str(exc or '')}))\n"
+    )
+    try:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return [f"could not check xformers' C++ ops: {type(e).__name__}: {e}"]
+    if out.returncode != 0:
+        tail = (out.stderr.strip().splitlines() or ["(no output)"])[-1]
+        return [f"importing xformers failed: {tail}"]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    if result.get("has_cpp") is False:
+        return [f"xformers' C++/CUDA ops do not load with this torch: {result.get('exc') or 'unknown error'}"]
+    return []
+
+
+def probe_package(name: str, profile: DeviceProfile, build: TorchBuild) -> PackageStatus:
+    """One package's status on `profile`; never raises."""
+    installed, version = False, None
+    try:
+        installed, version, dist = find_installed(name)
+        if not installed:
+            return PackageStatus(name=name, installed=False)
+        rule = RULES.get(name)
+        reasons, notes = rule(profile, build, dist) if rule else ([], [])
+        return PackageStatus(
+            name=name,
+            installed=True,
+            version=version,
+            usable=not reasons,
+            reason="; ".join(reasons),
+            note="; ".join(notes),
+        )
+    except Exception as e:  # a probe bug must not take detection down; the doctor shows it
+        logger.debug("probe of %s failed", name, exc_info=True)
+        return PackageStatus(
+            name=name, installed=installed, version=version, usable=False, reason=f"could not check: {e!r}"
+        )
+
+
+def probe_packages(profile: DeviceProfile, build: TorchBuild) -> dict[str, PackageStatus]:
+    """Status of every optional package on `profile` (whose torch_* fields are already filled in)."""
+    return {name: probe_package(name, profile, build) for name in PACKAGE_NAMES}
