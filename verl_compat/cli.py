@@ -9,6 +9,8 @@ USAGE = """usage: verl-compat COMMAND [ARGS]
 commands:
   doctor [--json] [--explain CATEGORY] [--config FILE] [OVERRIDES...]
                       device, torch build, packages and the resolved policy, with reasons
+  quickstart [--algo grpo|ppo] [--model smollm2|tiny|PATH] [--steps N] [VERL OVERRIDES...]
+                      the default job: GRPO on reasoning-gym arithmetic with SmolLM2-135M, on this device
   fork materialize|check|refresh|rebase
                       maintain the patch series on the pinned upstream verl (see README)
 """
@@ -24,6 +26,10 @@ def main(argv: list[str] | None = None) -> int:
         from verl_compat.doctor import main as doctor_main
 
         return doctor_main(rest)
+    if cmd == "quickstart":
+        from verl_compat.quickstart.run import main as quickstart_main
+
+        return quickstart_main(rest)
     if cmd == "fork":
         from verl_compat.fork.cli import main as fork_main
 
