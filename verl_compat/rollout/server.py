@@ -1,0 +1,258 @@
+"""`HFServer`: the body of the Ray actor that serves one `hf` rollout replica (the vLLMHttpServer of `hf`).
+
+verl's agent loop calls ``server.generate.remote(request_id=, prompt_ids=, sampling_params=, ...)`` and expects
+a ``TokenOutput`` (verl/workers/rollout/llm_server.py); the replica and the trainer-side adapter call the
+memory / weight / gate methods below. Everything heavy is in :class:`HFGenerationEngine`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from typing import Any
+
+import torch
+
+from verl_compat.rollout.engine import HFGenerationEngine, check_parallel_sizes
+from verl_compat.rollout.loading import eos_token_ids, torch_dtype
+from verl_compat.rollout.sampling import resolve_max_tokens
+
+logger = logging.getLogger("verl_compat.rollout.server")
+
+# Defaults of `actor_rollout_ref.rollout.engine_kwargs.hf.*` (the only engine-specific knobs of `hf`).
+DEFAULT_MAX_BATCH_SIZE = 256
+# Requests reach the server one Ray call at a time; a few ms of waiting lets a burst from the agent loop share
+# the first batch instead of the first request running alone (measured: without it a 3-request burst split 1+2).
+DEFAULT_BATCH_WINDOW_S = 0.01
+
+
+def _resolve_dtype_and_attn(config: Any, model_config: Any) -> tuple[torch.dtype, str]:
+    """Rollout dtype and attention implementation for the hf engine.
+
+    Single seam for the device resolvers: today ``rollout.dtype`` as given and the model config's attention,
+    with flash-attention replaced by SDPA where it cannot run (verl's default is flash_attention_2 even on
+    devices without it).
+    """
+    dtype = torch_dtype(config.dtype)
+    attn = getattr(model_config.hf_config, "_attn_implementation", None) or "sdpa"
+    if attn.startswith("flash_attention") and not _flash_attn_usable():
+        logger.info("hf rollout: attn_implementation %s is not usable here, using sdpa", attn)
+        attn = "sdpa"
+    return dtype, attn
+
+
+def _flash_attn_usable() -> bool:
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 8:
+        return False
+    import importlib.util
+
+    return importlib.util.find_spec("flash_attn") is not None
+
+
+def _rollout_device(cuda_visible_devices: str | None) -> torch.device:
+    """The replica's device: the first visible GPU when the replica was given one, else the CPU."""
+    if cuda_visible_devices and torch.cuda.is_available():
+        return torch.device("cuda", 0)
+    return torch.device("cpu")
+
+
+def _engine_kwargs(config: Any) -> dict[str, Any]:
+    hf_kwargs = dict((getattr(config, "engine_kwargs", None) or {}).get("hf", None) or {})
+    return {
+        "max_batch_size": int(hf_kwargs.get("max_batch_size", min(config.max_num_seqs, DEFAULT_MAX_BATCH_SIZE))),
+        "max_batch_tokens": hf_kwargs.get("max_batch_tokens"),
+        "batch_window_s": float(hf_kwargs.get("batch_window_s", DEFAULT_BATCH_WINDOW_S)),
+    }
+
+
+class HFServer:
+    """One rollout server per replica (TP=1, so one per trainer rank in hybrid mode).
+
+    Args follow ``vLLMHttpServer`` so ``HFReplica`` launches it the same way; ``engine`` lets tests inject a
+    prebuilt engine instead of loading ``model_config``.
+    """
+
+    def __init__(
+        self,
+        config: Any,
+        model_config: Any,
+        rollout_mode: Any = None,
+        workers: list | None = None,
+        replica_rank: int = 0,
+        node_rank: int = 0,
+        gpus_per_node: int = 1,
+        nnodes: int = 1,
+        cuda_visible_devices: str | None = None,
+        engine: HFGenerationEngine | None = None,
+    ):
+        from verl.utils.config import omega_conf_to_dataclass
+        from verl.workers.config import HFModelConfig
+
+        if cuda_visible_devices:
+            # Must precede the first CUDA call in this process; the actor was started with Ray's
+            # "don't set CUDA_VISIBLE_DEVICES" switch because it requests no GPU of its own.
+            from verl.utils.device import get_visible_devices_keyword
+
+            os.environ[get_visible_devices_keyword()] = cuda_visible_devices
+        self.config = omega_conf_to_dataclass(config)
+        self.model_config = omega_conf_to_dataclass(model_config, dataclass_type=HFModelConfig)
+        check_parallel_sizes(
+            self.config.tensor_model_parallel_size,
+            self.config.data_parallel_size,
+            self.config.pipeline_model_parallel_size,
+        )
+        self.rollout_mode = rollout_mode
+        self.workers = workers or []
+        self.replica_rank = replica_rank
+        self.node_rank = node_rank
+        self.cuda_visible_devices = cuda_visible_devices
+        self.global_steps: int | None = None
+        self.engine = engine
+        # Submission gate (vLLM semantics): abort_all_requests closes it, resume_generation opens it; requests
+        # arriving while closed wait, or are answered "aborted" when the abort asked to reject them.
+        self._gate_open = asyncio.Event()
+        self._gate_open.set()
+        self._rejecting = False
+
+    # ------------------------------------------------------------------ lifecycle
+    async def launch_server(self) -> None:
+        """Load the model (in a thread: it can take a while) and start the engine."""
+        if self.engine is not None:
+            return
+        self.engine = await asyncio.to_thread(self._build_engine)
+
+    def _build_engine(self) -> HFGenerationEngine:
+        dtype, attn = _resolve_dtype_and_attn(self.config, self.model_config)
+        mc = self.model_config
+        dummy = "dummy" in str(self.config.load_format)
+        tokenizer = getattr(mc, "tokenizer", None)
+        eos = eos_token_ids(mc.generation_config, tokenizer, mc.hf_config)
+        pad = getattr(tokenizer, "pad_token_id", None)
+        return HFGenerationEngine(
+            mc.hf_config if dummy else mc.local_path,
+            dtype=dtype,
+            attn_implementation=attn,
+            device=_rollout_device(self.cuda_visible_devices),
+            eos_token_ids=eos,
+            pad_token_id=pad,
+            dummy=dummy,
+            trust_remote_code=mc.trust_remote_code,
+            tensor_parallel_size=self.config.tensor_model_parallel_size,
+            **_engine_kwargs(self.config),
+        )
+
+    def _max_model_len(self) -> int | None:
+        if self.config.max_model_len is not None:
+            return int(self.config.max_model_len)
+        hf_config = self.model_config.hf_config
+        text_config = getattr(hf_config, "text_config", None) or hf_config
+        value = getattr(text_config, "max_position_embeddings", None)
+        return int(value) if value is not None else None
+
+    # ------------------------------------------------------------------ generation
+    async def generate(
+        self,
+        prompt_ids: list[int],
+        sampling_params: dict[str, Any],
+        request_id: str,
+        image_data: list[Any] | None = None,
+        video_data: list[Any] | None = None,
+        audio_data: list[Any] | None = None,
+        mm_processor_kwargs: dict[str, Any] | None = None,
+        priority: int = 0,
+        **kwargs: Any,
+    ):
+        from verl.workers.rollout.replica import TokenOutput
+
+        if image_data is not None or video_data is not None or audio_data is not None:
+            raise NotImplementedError(
+                "the hf rollout engine is text-only; multimodal prompts need rollout.name=vllm or sglang"
+            )
+        prompt = [int(t) for t in prompt_ids]
+        while not self._gate_open.is_set():
+            if self._rejecting:
+                steps = {"global_steps": self.global_steps}
+                return TokenOutput(token_ids=[], stop_reason="aborted", extra_fields=steps)
+            await self._gate_open.wait()
+
+        params = dict(sampling_params)
+        params["max_tokens"] = resolve_max_tokens(
+            params,
+            len(prompt),
+            prompt_length=self.config.prompt_length,
+            response_length=self.config.response_length,
+            max_model_len=self._max_model_len(),
+        )
+        params.pop("max_new_tokens", None)
+        params.setdefault("repetition_penalty", self.config.repetition_penalty)
+        params.setdefault("ignore_eos", self.config.ignore_eos)
+        if self.config.full_determinism:
+            params.setdefault("seed", self.replica_rank + self.config.seed)
+
+        result = await self.engine.generate(prompt, params, request_id)
+        return TokenOutput(
+            token_ids=result.token_ids,
+            log_probs=result.log_probs,
+            stop_reason="aborted" if result.finish_reason == "abort" else "completed",
+            extra_fields={"global_steps": self.global_steps},
+        )
+
+    async def abort_all_requests(self, reset_prefix_cache: bool = True, reject_request: bool = False) -> dict:
+        self._gate_open.clear()
+        self._rejecting = reject_request
+        request_ids = await self.engine.abort_all() if self.engine is not None else []
+        return {"aborted_count": len(request_ids), "request_ids": request_ids}
+
+    async def resume_generation(self) -> None:
+        self._rejecting = False
+        self._gate_open.set()
+
+    async def wait_for_requests_to_drain(self, poll_s: float = 0.01) -> None:
+        while self.engine is not None and self.engine.num_pending:
+            await asyncio.sleep(poll_s)
+
+    # ------------------------------------------------------------------ memory and weights
+    async def wake_up(self, tags: list[str] | None = None) -> None:
+        if self._skip_memory_ops():
+            return
+        # Only the weights occupy memory between batches (the KV cache lives inside one generate call).
+        if tags is None or "weights" in tags:
+            await self.engine.wake_up()
+
+    async def sleep(self) -> None:
+        if self._skip_memory_ops() or not self.config.free_cache_engine:
+            return
+        await self.engine.sleep()
+
+    def _skip_memory_ops(self) -> bool:
+        from verl.workers.rollout.replica import RolloutMode
+
+        # A standalone server owns its device; nothing to hand back to a trainer (same as vLLM).
+        return self.rollout_mode == RolloutMode.STANDALONE
+
+    async def load_weights(self, weights: list[tuple[str, torch.Tensor]]) -> int:
+        """Receive one bucket of ``(HF checkpoint name, CPU tensor)`` pairs from ``HFServerAdapter``."""
+        return await self.engine.update_weights(weights)
+
+    async def clear_kv_cache(self) -> None:
+        """No prefix cache survives a batch, so there is nothing stale to drop after a weight update."""
+
+    async def release_kv_cache(self) -> None:
+        """The KV cache is allocated per generate call and freed with it."""
+
+    async def resume_kv_cache(self) -> None:
+        """See release_kv_cache."""
+
+    async def set_global_steps(self, global_steps: int) -> None:
+        self.global_steps = global_steps
+
+    async def start_profile(self, **kwargs: Any) -> None:
+        logger.debug("hf rollout: profiling is not implemented; start_profile ignored")
+
+    async def stop_profile(self) -> None:
+        logger.debug("hf rollout: profiling is not implemented; stop_profile ignored")
+
+    async def get_batch_log(self) -> list[tuple[str, ...]]:
+        """The request ids of every batch formed so far (for tests and debugging)."""
+        return list(self.engine.batch_log) if self.engine is not None else []

@@ -1,0 +1,90 @@
+"""Copy ``(name, tensor)`` pairs from the trainer into the rollout model's parameters.
+
+verl's FSDP engine yields full tensors keyed by HF *checkpoint* names (``get_per_tensor_param`` ->
+``convert_weight_keys``, which undoes the model's ``_checkpoint_conversion_mapping``), in the trainer's
+parameter dtype (fp32 by default). The rollout model may hold another dtype and, for VLM-style models, other
+module names; both are handled here. Tied embeddings show up under both names in ``state_dict`` and point at one
+tensor, so either name (or both) may be sent.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+
+class UnknownWeightError(KeyError):
+    """A weight name sent by the trainer has no counterpart in the rollout model."""
+
+    def __str__(self) -> str:  # KeyError would otherwise print the message quoted in one line
+        return str(self.args[0])
+
+
+class WeightLoader:
+    """Resolves checkpoint names to the model's tensors once, then copies tensors in place."""
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+        # keep_vars=True gives the Parameter objects themselves (not detached copies), so copy_ writes into the
+        # live model; tied weights appear under every name that shares them.
+        self._targets: dict[str, torch.Tensor] = dict(model.state_dict(keep_vars=True))
+        mapping = getattr(model, "_checkpoint_conversion_mapping", None) or {}
+        self._conversions = [(re.compile(pattern), repl) for pattern, repl in mapping.items()]
+
+    def resolve(self, name: str) -> str | None:
+        if name in self._targets:
+            return name
+        for pattern, repl in self._conversions:
+            converted, n = pattern.subn(repl, name)
+            if n and converted in self._targets:
+                return converted
+        return None
+
+    @torch.no_grad()
+    def load(self, weights: Iterable[tuple[str, torch.Tensor]]) -> int:
+        """Copy every pair into the model; returns the number of tensors copied.
+
+        Names are validated per call before anything is copied, so a wrong bucket leaves the model untouched.
+        """
+        pairs = list(weights)
+        resolved: list[tuple[str, torch.Tensor, torch.Tensor]] = []
+        unknown: list[str] = []
+        for name, tensor in pairs:
+            target_name = self.resolve(name)
+            if target_name is None:
+                unknown.append(name)
+                continue
+            target = self._targets[target_name]
+            if tuple(target.shape) != tuple(tensor.shape):
+                raise ValueError(
+                    f"weight {name!r}: the trainer sent shape {tuple(tensor.shape)} but the rollout model holds "
+                    f"{tuple(target.shape)}; the rollout model was built from a different config than the actor"
+                )
+            resolved.append((name, target, tensor))
+        if unknown:
+            raise UnknownWeightError(self._unknown_message(unknown))
+        for _name, target, tensor in resolved:
+            # copy_ casts dtype and moves across devices in one op; .data avoids autograd version bumps.
+            target.data.copy_(tensor.detach(), non_blocking=False)
+        return len(resolved)
+
+    def _unknown_message(self, unknown: list[str]) -> str:
+        first = unknown[0]
+        close = difflib.get_close_matches(first, list(self._targets), n=3)
+        hint = ""
+        if ".experts." in first:
+            hint = (
+                " Per-expert MoE keys (vLLM layout) are not re-fused by the hf rollout engine; MoE models are not "
+                "supported by rollout.name=hf yet."
+            )
+        elif "lora_" in first:
+            hint = " LoRA adapter tensors are not supported: set actor_rollout_ref.model.lora.merge=True."
+        return (
+            f"the hf rollout model has no parameter for {len(unknown)} weight name(s) sent by the trainer, "
+            f"e.g. {first!r} (closest rollout names: {close}).{hint} The actor and rollout must load the same "
+            f"architecture (actor_rollout_ref.model.path)."
+        )
