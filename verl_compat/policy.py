@@ -1,0 +1,331 @@
+"""The job policy: read a verl config, resolve every category for a device, and write the results back.
+
+`resolve_job_config` is what the driver-side seam calls (verl/trainer/main_ppo.py, right after auto_set_device).
+On sm_80+ it writes nothing (the only exception: a missing/`auto` rollout.name, which upstream refuses anyway).
+`default_policy` composes verl's own ppo_trainer config and returns the decisions, for the doctor.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from verl_compat.decision import Decision
+from verl_compat.profile import DeviceProfile
+from verl_compat.requests import RequestedKeys, requested_keys, verl_config_dir
+from verl_compat.resolvers import attention, dtype, kernels, memory, placement, rollout
+from verl_compat.resolvers.registry import Registry, Request
+
+ACTOR, REF, CRITIC = "actor", "ref", "critic"
+# role -> (fsdp engine config, role config)
+FSDP_ROLES: dict[str, tuple[str, str]] = {
+    ACTOR: ("actor_rollout_ref.actor.fsdp_config", "actor_rollout_ref.actor"),
+    REF: ("actor_rollout_ref.ref.fsdp_config", "actor_rollout_ref.ref"),
+    CRITIC: ("critic.fsdp", "critic"),
+}
+# role -> HF model config
+MODEL_ROLES: dict[str, str] = {ACTOR: "actor_rollout_ref.model", CRITIC: "critic.model"}
+ROLLOUT = "actor_rollout_ref.rollout"
+
+UPSTREAM_ATTN = "flash_attention_2"
+FULL_FP32_REDUCE = {"reduce_dtype": "fp32", "buffer_dtype": "fp32"}
+
+
+def _sfx(role: str) -> str:
+    """Decision-name suffix: the actor's decisions carry the plain category name ('dtype.train')."""
+    return "" if role == ACTOR else f".{role}"
+
+
+def _get(config: DictConfig, key: str, default: Any = None) -> Any:
+    value = OmegaConf.select(config, key, default=default, throw_on_missing=False)
+    if isinstance(value, DictConfig):
+        return OmegaConf.to_container(value, resolve=True)
+    return value
+
+
+@dataclass
+class _Plan:
+    """Decisions, and the config writes they imply (applied only by resolve_job_config)."""
+
+    config: DictConfig
+    profile: DeviceProfile
+    requested: RequestedKeys
+    registry: Registry | None
+    decisions: dict[str, Decision] = field(default_factory=dict)
+    writes: dict[str, Any] = field(default_factory=dict)
+
+    def request(
+        self, category: str, keys: Iterable[str], upstream: Any, facts: dict[str, Any] | None = None, value: Any = None
+    ) -> Request:
+        """A Request for the first of `keys` the user set (else the first key, holding upstream's default)."""
+        keys = list(keys)
+        asked = self.requested.any(keys)
+        key = asked or keys[0]
+        current = _get(self.config, key) if value is None else value
+        return Request(
+            category, key, current if current is not None else upstream, asked is not None, upstream, facts or {}
+        )
+
+    def add(self, name: str, decision: Decision, write_key: str | None = None) -> Decision:
+        """Record a decision; a defaulted one that differs from the config is written back to `write_key`."""
+        self.decisions[name] = decision
+        if write_key is not None and decision.defaulted and _get(self.config, write_key) != decision.value:
+            self.writes[write_key] = decision.value
+        return decision
+
+
+def decide(
+    config: DictConfig,
+    profile: DeviceProfile,
+    requested: RequestedKeys | Iterable[str],
+    registry: Registry | None = None,
+) -> tuple[dict[str, Decision], dict[str, Any]]:
+    """Resolve every category; raise IncompatibleRequestError for an explicit request the device cannot honour.
+
+    Returns (decisions by doctor category name, {config key: value} writes). Pure: `config` is not modified.
+    """
+    if not isinstance(requested, RequestedKeys):
+        requested = RequestedKeys(requested)
+    plan = _Plan(config, profile, requested, registry)
+    plan.decisions["torch"] = placement.resolve_torch_build(profile)
+    _placement(plan)
+    train = _dtypes(plan)
+    attn = _attention(plan)
+    _kernels(plan)
+    _rollout(plan, train, attn)
+    _memory(plan)
+    if profile.is_ampere_or_newer:  # identity: only a missing rollout.name may be filled in
+        plan.writes = {k: v for k, v in plan.writes.items() if k == f"{ROLLOUT}.name"}
+    return plan.decisions, plan.writes
+
+
+def _placement(plan: _Plan) -> None:
+    p = plan.profile
+    plan.add(
+        "platform.device",
+        placement.resolve_device(plan.request("platform.device", ["trainer.device"], "cuda"), p, plan.registry),
+        "trainer.device",
+    )
+    for role in (ACTOR, CRITIC):
+        key = f"{FSDP_ROLES[role][1]}.strategy"
+        decision = placement.resolve_strategy(plan.request("platform.strategy", [key], "fsdp"), p, plan.registry)
+        plan.add(f"platform.strategy{_sfx(role)}", decision, key)
+
+
+def _dtypes(plan: _Plan) -> str:
+    """dtype.train / dtype.master per FSDP role. Returns the actor's training compute dtype (short name)."""
+    p, actor_train = plan.profile, "bf16"
+    for role, (fsdp, _) in FSDP_ROLES.items():
+        mp_key = f"{fsdp}.mixed_precision"
+        mp = _get(plan.config, mp_key) or {}
+        # upstream: mixed_precision None -> bf16/fp32/fp32; a dict without param_dtype -> .get("param_dtype", "bf16")
+        req = plan.request("dtype.train", [f"{mp_key}.param_dtype"], "bf16", value=mp.get("param_dtype"))
+        decision = plan.add(f"dtype.train{_sfx(role)}", dtype.resolve_train(req, p, plan.registry))
+        train = dtype.canonical(decision.value) or str(decision.value)
+        for sub in ("reduce_dtype", "buffer_dtype"):  # validated when given; fp32 otherwise
+            sub_key = f"{mp_key}.{sub}"
+            if sub_key in plan.requested and mp.get(sub) is not None:
+                dtype.resolve_train(Request("dtype.train", sub_key, mp[sub], True, "fp32"), p, plan.registry)
+        if not p.is_ampere_or_newer:
+            resolved = {"param_dtype": mp.get("param_dtype") if req.requested else train}
+            resolved |= {k: mp.get(k) or v for k, v in FULL_FP32_REDUCE.items()}
+            if resolved != mp:
+                plan.writes[mp_key] = {**mp, **resolved}
+        if role == ACTOR:
+            actor_train = train
+        facts = {"forward_only": bool(_get(plan.config, f"{fsdp}.forward_only"))}
+        master = plan.request("dtype.master", [f"{fsdp}.model_dtype"], "fp32", facts)
+        plan.add(f"dtype.master{_sfx(role)}", dtype.resolve_master(master, p, plan.registry), f"{fsdp}.model_dtype")
+    return actor_train
+
+
+def _attention(plan: _Plan) -> str:
+    """attention + attention.remove_padding per model. Returns the actor's attention implementation."""
+    p, actor_attn = plan.profile, UPSTREAM_ATTN
+    for role, model in MODEL_ROLES.items():
+        key = f"{model}.override_config.attn_implementation"
+        attn = plan.add(
+            f"attention{_sfx(role)}",
+            attention.resolve_attention(plan.request("attention", [key], UPSTREAM_ATTN), p, plan.registry),
+            key,
+        )
+        if role == ACTOR:
+            actor_attn = attn.value
+        fsdp, role_cfg = FSDP_ROLES[role]
+        facts = {
+            "attention": attn.value,
+            "ulysses_sp": max(
+                int(_get(plan.config, f"{fsdp}.ulysses_sequence_parallel_size") or 1),
+                int(_get(plan.config, f"{role_cfg}.ulysses_sequence_parallel_size") or 1),
+            ),
+            "pad_to_length": bool(_get(plan.config, f"{fsdp}.pad_to_length")),
+        }
+        rmpad_key = f"{model}.use_remove_padding"
+        req = plan.request("attention.remove_padding", [rmpad_key], True, facts)
+        plan.add(
+            f"attention.remove_padding{_sfx(role)}", attention.resolve_remove_padding(req, p, plan.registry), rmpad_key
+        )
+    return actor_attn
+
+
+def _kernels(plan: _Plan) -> None:
+    p = plan.profile
+    for role, (fsdp, role_cfg) in FSDP_ROLES.items():
+        key = f"{fsdp}.use_torch_compile"
+        # the role-level use_torch_compile is a legacy key the FSDP engine ignores; typing it still is a request
+        keys = [key] if role == CRITIC else [key, f"{role_cfg}.use_torch_compile"]
+        req = plan.request("kernels.torch_compile", keys, True)
+        plan.add(f"kernels.torch_compile{_sfx(role)}", kernels.resolve_torch_compile(req, p, plan.registry), key)
+    triton = plan.add(
+        "kernels.triton",
+        kernels.resolve_triton(
+            Request("kernels.triton", "Triton kernels (VERL_DISABLE_FLASH_ATTN_CE)", True, False, True),
+            p,
+            plan.registry,
+        ),
+    )
+    upstream_ce = p.package("flash_attn").installed
+    plan.add(
+        "kernels.flash_ce",
+        kernels.resolve_flash_ce(
+            Request(
+                "kernels.flash_ce",
+                "flash-attn cross-entropy (VERL_DISABLE_FLASH_ATTN_CE)",
+                upstream_ce,
+                False,
+                upstream_ce,
+                {"triton": triton.value},
+            ),
+            p,
+            plan.registry,
+        ),
+    )
+    for role, model in MODEL_ROLES.items():
+        use_key, backend_key = f"{model}.use_fused_kernels", f"{model}.fused_kernel_options.impl_backend"
+        on = bool(_get(plan.config, use_key))
+        value = (_get(plan.config, backend_key) or "torch") if on else "off"
+        asked = use_key in plan.requested or (on and backend_key in plan.requested)
+        key = backend_key if on and backend_key in plan.requested else use_key
+        req = Request("kernels.fused", key, value, asked, "off")
+        plan.add(f"kernels.fused{_sfx(role)}", kernels.resolve_fused(req, p, plan.registry))
+        liger_key = f"{model}.use_liger"
+        plan.add(
+            f"kernels.liger{_sfx(role)}",
+            kernels.resolve_liger(plan.request("kernels.liger", [liger_key], False), p, plan.registry),
+            liger_key,
+        )
+
+
+def _rollout(plan: _Plan, train: str, attn: str) -> None:
+    p = plan.profile
+    name_key = f"{ROLLOUT}.name"
+    engine = plan.add(
+        "rollout.engine",
+        rollout.resolve_engine(plan.request("rollout.engine", [name_key], None), p, plan.registry),
+        name_key,
+    )
+    facts = {"engine": engine.value, "train_dtype": train, "attention": attn}
+    dtype_key = f"{ROLLOUT}.dtype"
+    plan.add(
+        "dtype.rollout",
+        dtype.resolve_rollout(plan.request("dtype.rollout", [dtype_key], "bfloat16", facts), p, plan.registry),
+        dtype_key,
+    )
+    tp_key = f"{ROLLOUT}.tensor_model_parallel_size"
+    plan.add(
+        "rollout.tensor_parallel",
+        rollout.resolve_tensor_parallel(plan.request("rollout.tensor_parallel", [tp_key], 2, facts), p),
+        tp_key,
+    )
+    eager_key = f"{ROLLOUT}.enforce_eager"
+    plan.add(
+        "rollout.enforce_eager",
+        rollout.resolve_enforce_eager(
+            plan.request("rollout.enforce_eager", [eager_key], False, facts), p, plan.registry
+        ),
+        eager_key,
+    )
+    ckpt_key = f"{ROLLOUT}.checkpoint_engine.backend"
+    plan.add(
+        "rollout.checkpoint_engine",
+        rollout.resolve_checkpoint_engine(
+            plan.request("rollout.checkpoint_engine", [ckpt_key], "naive", facts), p, plan.registry
+        ),
+    )
+
+
+def _memory(plan: _Plan) -> None:
+    p, engine = plan.profile, plan.decisions["rollout.engine"].value
+    util = plan.request("memory.gpu_memory_utilization", [f"{ROLLOUT}.gpu_memory_utilization"], 0.5, {"engine": engine})
+    plan.add("memory.gpu_memory_utilization", memory.resolve_gpu_memory_utilization(util, p))
+    offload = plan.request("memory.param_offload", [f"{FSDP_ROLES[ACTOR][0]}.param_offload"], False)
+    plan.add("memory.param_offload", memory.resolve_param_offload(offload, p))
+    gc = plan.request("memory.gradient_checkpointing", [f"{MODEL_ROLES[ACTOR]}.enable_gradient_checkpointing"], True)
+    plan.add("memory.gradient_checkpointing", memory.resolve_gradient_checkpointing(gc, p))
+
+
+def apply_writes(config: DictConfig, writes: dict[str, Any]) -> None:
+    """Write resolved values into the verl config (struct mode: new keys such as mixed_precision are force-added)."""
+    for key, value in writes.items():
+        OmegaConf.update(config, key, value, merge=False, force_add=True)
+
+
+def resolve_job_config(
+    config: DictConfig,
+    profile: DeviceProfile,
+    requested: RequestedKeys | Iterable[str],
+    registry: Registry | None = None,
+) -> dict[str, Decision]:
+    """Validate the user's requests for `profile` and write the resolved values into `config` (in place)."""
+    decisions, writes = decide(config, profile, requested, registry)
+    apply_writes(config, writes)
+    return decisions
+
+
+def compose_ppo_config(overrides: Iterable[str] = (), config_name: str = "ppo_trainer") -> DictConfig:
+    """verl's own ppo_trainer config, composed with Hydra's compose API (installed or materialised verl)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    if GlobalHydra.instance().is_initialized():  # e.g. called from inside a running Hydra app or a test
+        GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(verl_config_dir()), version_base=None):
+        return compose(config_name=config_name, overrides=list(overrides))
+
+
+def default_policy(
+    profile: DeviceProfile, overrides: list[str] | None = None, config_file: str | None = None
+) -> dict[str, Decision]:
+    """The decisions for verl's default PPO config on `profile` (the doctor's policy section).
+
+    `config_file` is a user's own Hydra config: its keys count as requested. It is composed from its own folder
+    with verl's config folder on the search path, like `python -m verl.trainer.main_ppo --config-path ...`.
+    """
+    from verl_compat.plugins import load_plugins
+
+    load_plugins()
+    overrides = list(overrides or [])
+    requested = requested_keys(overrides, config_file)
+    if config_file is None:
+        config = compose_ppo_config(overrides)
+    else:
+        config = _compose_user_config(config_file, overrides)
+    decisions, _ = decide(config, profile, requested)
+    return decisions
+
+
+def _compose_user_config(config_file: str, overrides: list[str]) -> DictConfig:
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    path = os.path.abspath(config_file)
+    folder, name = os.path.dirname(path), os.path.splitext(os.path.basename(path))[0]
+    if GlobalHydra.instance().is_initialized():
+        GlobalHydra.instance().clear()
+    search = f"hydra.searchpath=[file://{verl_config_dir()}]"
+    with initialize_config_dir(config_dir=folder, version_base=None):
+        return compose(config_name=name, overrides=[*overrides, search])

@@ -1,0 +1,148 @@
+"""What the user set explicitly: Hydra command-line overrides and the keys of the user's own config file.
+
+A key the user typed counts as requested even when its value equals upstream's default
+(`actor_rollout_ref.rollout.dtype=bfloat16` typed on a P40 is refused; left alone it becomes float32).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("verl_compat.requests")
+
+# Top-level keys of a user's config file that are not verl settings.
+_NOT_SETTINGS = frozenset({"defaults", "hydra"})
+
+
+class RequestedKeys:
+    """A set of dotted config keys the user set. `key in requested` is true for the key itself and for any
+    parent of a key the user set (setting `...mixed_precision.param_dtype` requests `...mixed_precision`)."""
+
+    def __init__(self, keys: Iterable[str] = (), *, known: bool = True) -> None:
+        self.keys: frozenset[str] = frozenset(k for k in keys if k)
+        self.known = known  # False when the source of requests could not be read (everything counts as default)
+
+    def __contains__(self, key: object) -> bool:
+        if not isinstance(key, str):
+            return False
+        prefix = key + "."
+        return key in self.keys or any(k.startswith(prefix) for k in self.keys)
+
+    def any(self, keys: Iterable[str]) -> str | None:
+        """The first of `keys` the user set, or None."""
+        return next((k for k in keys if k in self), None)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(sorted(self.keys))
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def __repr__(self) -> str:
+        return f"RequestedKeys({sorted(self.keys)!r}, known={self.known})"
+
+    def union(self, other: Iterable[str]) -> RequestedKeys:
+        return RequestedKeys([*self.keys, *other], known=self.known)
+
+
+def _flatten(value: Any, prefix: str) -> Iterator[str]:
+    """Dotted keys of every leaf under `value` (a non-empty mapping is not a leaf; an empty one is)."""
+    if isinstance(value, Mapping) and value:
+        for k, v in value.items():
+            yield from _flatten(v, f"{prefix}.{k}" if prefix else str(k))
+    elif prefix:
+        yield prefix
+
+
+def keys_from_overrides(overrides: Iterable[str]) -> set[str]:
+    """Keys set by Hydra overrides: `a.b=1`, `+a.b=1`, `++a.b=1`, `~a.b`, `a.b={c: 1}` (-> a.b and a.b.c)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    overrides = [o for o in overrides if o and o.strip()]
+    keys: set[str] = set()
+    if not overrides:
+        return keys
+    for override in OverridesParser.create().parse_overrides(overrides):
+        key = override.key_or_group
+        if override.package:  # `group@pkg=opt` writes under pkg
+            key = f"{override.package}.{key}" if key else override.package
+        if key:
+            keys.add(key)
+        if key and not override.is_delete():
+            keys.update(_flatten(override.value(), key))
+    return keys
+
+
+def keys_from_config_file(path: str | os.PathLike[str]) -> set[str]:
+    """Dotted keys a user's own Hydra config file sets (its `defaults` list and `hydra:` block excluded)."""
+    from omegaconf import OmegaConf
+
+    raw = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+    if not isinstance(raw, dict):
+        return set()
+    return {k for name, v in raw.items() if name not in _NOT_SETTINGS for k in _flatten(v, str(name))}
+
+
+def verl_config_dir() -> Path:
+    """verl's own trainer config folder (installed wheel or the materialised editable tree).
+
+    Located through the import system without importing verl (which costs seconds: torch, ray, ...); this is
+    the folder `verl.__file__` would give.
+    """
+    import importlib.util
+
+    spec = importlib.util.find_spec("verl")
+    if spec is None or spec.origin is None:
+        raise ImportError("verl is not installed: cannot locate verl/trainer/config")
+    return Path(spec.origin).resolve().parent / "trainer" / "config"
+
+
+def _is_verl_own(path: Path) -> bool:
+    try:
+        return path.resolve().parent == verl_config_dir()
+    except ImportError:  # verl not importable: a user file cannot be verl's own then
+        return False
+
+
+def requested_keys(overrides: Iterable[str] = (), config_file: str | os.PathLike[str] | None = None) -> RequestedKeys:
+    """The plain form (tests, doctor): overrides as typed on the command line, plus the user's config file.
+
+    `config_file` is skipped when it is verl's own trainer config (ppo_trainer.yaml): those are upstream defaults.
+    """
+    keys = keys_from_overrides(overrides)
+    if config_file is not None:
+        path = Path(config_file)
+        if not _is_verl_own(path):
+            keys |= keys_from_config_file(path)
+    return RequestedKeys(keys)
+
+
+def primary_config_file_from_hydra(hydra_cfg: Any) -> Path | None:
+    """The primary config file of a Hydra run: config_name inside the `main` config source, if it is a file."""
+    name = hydra_cfg.job.config_name
+    if not name:
+        return None
+    for source in hydra_cfg.runtime.config_sources:
+        if source.provider != "main" or source.schema != "file":
+            continue
+        base = Path(source.path)
+        for candidate in (base / name, base / f"{name}.yaml"):
+            if candidate.is_file():
+                return candidate
+    return None
+
+
+def requested_keys_from_hydra() -> RequestedKeys:
+    """Requests of the running Hydra app. Outside Hydra: an empty set with known=False (logged once)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        log.info("verl-compat: no Hydra run in this process; every setting is treated as defaulted")
+        return RequestedKeys(known=False)
+    hydra_cfg = HydraConfig.get()
+    overrides = list(hydra_cfg.overrides.task)
+    return requested_keys(overrides, primary_config_file_from_hydra(hydra_cfg))

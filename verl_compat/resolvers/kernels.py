@@ -1,0 +1,123 @@
+"""Kernel resolvers: torch.compile of the entropy, Triton kernels, verl's fused kernels, flash-attn's Triton
+cross-entropy, Liger.
+
+Inductor (torch.compile on CUDA) generates Triton, which compiles for cc >= 7.0 and is officially supported from
+8.0 (Volta hits "mma -> mma layout conversion is only supported on Ampere"). So: off below 7.0 whatever the user
+says, off by default on sm_70/75 (opt-in allowed), off by default on CPU (Inductor's CPU backend needs a C++
+compiler and only speeds up one entropy function), on as configured on sm_80+.
+"""
+
+from __future__ import annotations
+
+from verl_compat.decision import Decision
+from verl_compat.profile import DeviceProfile
+from verl_compat.resolvers.checks import needs_package, package_known_unusable, triton_reasons
+from verl_compat.resolvers.registry import Context, Option, Reason, Registry, Request, choose, hard, soft
+
+
+def _compile_reasons(ctx: Context) -> list[Reason]:
+    if ctx.profile.is_cpu:
+        return [
+            soft(
+                "cpu_inductor",
+                "Inductor on CPU needs a C++ compiler and OpenMP and only speeds up the entropy; off by default on CPU",
+            )
+        ]
+    return triton_reasons(ctx.profile, "torch.compile")
+
+
+COMPILE_OPTIONS: tuple[Option, ...] = (
+    Option(True, _compile_reasons, "torch.compile of the entropy (upstream verl's default)", 10),
+    Option(False, why="eager entropy: plain torch, same result", priority=20),
+)
+
+
+def resolve_torch_compile(request: Request, profile: DeviceProfile, registry: Registry | None = None) -> Decision:
+    """fsdp_config.use_torch_compile (actor, ref, critic)."""
+    return choose(request, profile, COMPILE_OPTIONS, registry=registry)
+
+
+def _triton_reasons(ctx: Context) -> list[Reason]:
+    return triton_reasons(ctx.profile, "verl's Triton kernels")
+
+
+TRITON_OPTIONS: tuple[Option, ...] = (
+    Option(True, _triton_reasons, "Triton kernels allowed (upstream verl)", 10),
+    Option(False, why="no Triton kernels: verl's torch fallbacks are used", priority=20),
+)
+
+
+def resolve_triton(request: Request, profile: DeviceProfile, registry: Registry | None = None) -> Decision:
+    """Whether verl may run its own Triton kernels (the flash-attn cross-entropy guard)."""
+    return choose(request, profile, TRITON_OPTIONS, registry=registry)
+
+
+def _flash_ce_reasons(ctx: Context) -> list[Reason]:
+    reasons: list[Reason] = []
+    if not ctx.profile.package("flash_attn").installed:
+        reasons.append(hard("flash_attn_absent", "flash_attn is not installed (verl uses the torch log-softmax path)"))
+    if not ctx.fact("triton", True):
+        reasons.append(hard("triton_off", "Triton kernels are off on this device"))
+    return reasons
+
+
+FLASH_CE_OPTIONS: tuple[Option, ...] = (
+    Option(
+        True,
+        _flash_ce_reasons,
+        "flash-attn's Triton cross-entropy for log-probs (upstream verl when flash_attn imports)",
+        10,
+    ),
+    Option(False, why="torch log_softmax + gather: exact, no Triton", priority=20),
+)
+
+
+def resolve_flash_ce(request: Request, profile: DeviceProfile, registry: Registry | None = None) -> Decision:
+    """Whether verl's logprobs_from_logits uses flash-attn's Triton cross-entropy; fact: triton (bool)."""
+    return choose(request, profile, FLASH_CE_OPTIONS, registry=registry)
+
+
+def _liger_reasons(ctx: Context) -> list[Reason]:
+    return triton_reasons(ctx.profile, "Liger") + needs_package(ctx.profile, "liger_kernel", "use_liger")
+
+
+LIGER_OPTIONS: tuple[Option, ...] = (
+    Option(False, why="no Liger kernels (upstream verl's default)", priority=10),
+    Option(True, _liger_reasons, "Liger Triton kernels", 20),
+)
+
+
+def resolve_liger(request: Request, profile: DeviceProfile, registry: Registry | None = None) -> Decision:
+    """model.use_liger."""
+    return choose(request, profile, LIGER_OPTIONS, registry=registry)
+
+
+# Fused kernels: value "off" or the impl_backend. "torch" is pure torch and runs anywhere; "triton" and "liger"
+# are Triton kernels (utils/kernel/kernels.py, linear_cross_entropy.py).
+def _fused_triton_reasons(ctx: Context) -> list[Reason]:
+    return triton_reasons(ctx.profile, "the fused-kernel triton backend")
+
+
+def _fused_liger_reasons(ctx: Context) -> list[Reason]:
+    return _fused_triton_reasons(ctx) + package_known_unusable(ctx.profile, "liger_kernel", "liger backend")
+
+
+FUSED_OPTIONS: tuple[Option, ...] = (
+    Option("off", why="fused kernels off (upstream verl's default)", priority=10),
+    Option("torch", why="fused linear + log-prob in pure torch", priority=20),
+    Option("triton", _fused_triton_reasons, "fused linear + log-prob Triton kernels", 30),
+    Option("liger", _fused_liger_reasons, "fused linear + log-prob Liger kernels", 40),
+)
+
+
+def resolve_fused(request: Request, profile: DeviceProfile, registry: Registry | None = None) -> Decision:
+    """model.use_fused_kernels + fused_kernel_options.impl_backend, as one value: 'off' or the backend."""
+    return choose(request, profile, FUSED_OPTIONS, fix=_fused_fix, registry=registry)
+
+
+def _fused_fix(request: Request, profile: DeviceProfile, alternative: object) -> str:
+    model = request.key.rsplit(".", 2)[0] if request.key.endswith("impl_backend") else request.key.rsplit(".", 1)[0]
+    return (
+        f"set {model}.fused_kernel_options.impl_backend=torch (pure torch, runs anywhere) "
+        f"or {model}.use_fused_kernels=false"
+    )
