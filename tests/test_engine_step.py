@@ -6,8 +6,8 @@ data path (`left_right_2_no_padding`, as `trainer/ppo/ray_trainer.py` calls it) 
 gloo process group of world size 1. Every aten op's floating dtypes are recorded (tests/dtype_audit.py).
 
 Profiles: VERL_COMPAT_DEVICE selects the simulated device for verl-compat's resolvers; verl's platform stays the
-real one (the CPU platform: this process has no GPU). `cpu` passes now. p40 / v100 / t4 need the dtype seams
-(`verl_compat.seams.fsdp_mixed_precision` at transformer_impl.py:391): without them FSDP2 computes in bf16.
+real one (the CPU platform: this process has no GPU). Under cpu and p40 no half-precision op runs at all; under
+v100 and t4 compute is fp16 with fp32 master weights and loss scaling, and an overflowing step is skipped.
 """
 
 from __future__ import annotations
@@ -23,40 +23,20 @@ import torch
 from dtype_audit import HALF_DTYPES, DtypeAudit, audit_compile
 from tiny_model import build_tiny_model
 
-NEEDS_DTYPE_SEAMS = pytest.mark.xfail(strict=False, reason="needs dtype seams (fsdp_mixed_precision, load_dtype)")
-PROFILES = [
-    pytest.param("cpu", id="cpu"),
-    pytest.param("p40", id="p40", marks=NEEDS_DTYPE_SEAMS),
-    pytest.param("v100", id="v100", marks=NEEDS_DTYPE_SEAMS),
-    pytest.param("t4", id="t4", marks=NEEDS_DTYPE_SEAMS),
-]
+PROFILES = ["cpu", "p40", "v100", "t4"]
 # Half-precision dtypes each profile's policy allows in compute (DESIGN.md, default policy per device).
 ALLOWED_HALF = {"cpu": set(), "p40": set(), "v100": {torch.float16}, "t4": {torch.float16}}
 
 BATCH, PROMPT_LEN, RESPONSE_LEN = 4, 8, 8
 
-# The CPU policy written explicitly, as verl_compat's driver-side resolve_config will write it: FSDP2 (FSDP1 needs
-# an accelerator), sdpa instead of flash_attention_2, no torch.compile (Inductor needs a C++ toolchain on CPU),
-# fp32 compute. Once resolve_config runs in the driver these lines can go (the test then proves the resolvers).
-CPU_POLICY = [
-    "actor_rollout_ref.actor.strategy=fsdp2",
-    "critic.strategy=fsdp2",
-    "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
-    "+critic.model.override_config.attn_implementation=sdpa",
-    "actor_rollout_ref.actor.fsdp_config.use_torch_compile=false",
-    "actor_rollout_ref.ref.fsdp_config.use_torch_compile=false",
-    "critic.fsdp.use_torch_compile=false",
-]
-FP32_MIXED_PRECISION = "{param_dtype: fp32, reduce_dtype: fp32, buffer_dtype: fp32}"
-CPU_DTYPES = [
-    f"+actor_rollout_ref.actor.fsdp_config.mixed_precision={FP32_MIXED_PRECISION}",
-    f"+actor_rollout_ref.ref.fsdp_config.mixed_precision={FP32_MIXED_PRECISION}",
-    f"+critic.fsdp.mixed_precision={FP32_MIXED_PRECISION}",
-]
+# The only device-related choice written here: FSDP2, because this host really is a CPU (FSDP1 needs an
+# accelerator) while the simulated profiles are GPUs; a P40/V100/T4 user may choose FSDP2 too. Everything else
+# (dtypes, attention, torch.compile) comes from verl-compat's resolvers, exactly as on the driver.
+STRATEGY = ["actor_rollout_ref.actor.strategy=fsdp2", "critic.strategy=fsdp2"]
 
 
-def _overrides(model: Path, profile: str) -> list[str]:
-    small = [
+def _overrides(model: Path) -> list[str]:
+    return [
         f"actor_rollout_ref.model.path={model}",
         f"critic.model.path={model}",
         "actor_rollout_ref.model.enable_gradient_checkpointing=false",
@@ -71,21 +51,25 @@ def _overrides(model: Path, profile: str) -> list[str]:
         f"critic.ppo_mini_batch_size={BATCH}",
         "critic.ppo_micro_batch_size_per_gpu=2",
         "critic.optim.lr=1e-3",
+        *STRATEGY,
     ]
-    # Only the CPU profile states its dtypes: the simulated GPUs must get theirs from the dtype seams.
-    return small + CPU_POLICY + (CPU_DTYPES if profile == "cpu" else [])
 
 
 def compose_ppo_config(overrides: list[str]) -> Any:
-    """verl's ppo_trainer config with `overrides`, composed the way `python -m verl.trainer.main_ppo` does."""
+    """verl's ppo_trainer config with `overrides`, composed the way `python -m verl.trainer.main_ppo` does, then
+    resolved for the (simulated) device by the same call the driver makes (patches/0007)."""
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
     import verl
+    from verl_compat.detect import detect
+    from verl_compat.policy import resolve_job_config
+    from verl_compat.requests import requested_keys
 
     config_dir = Path(verl.__file__).resolve().parent / "trainer" / "config"
     with initialize_config_dir(config_dir=str(config_dir), version_base=None):
         config = compose("ppo_trainer", overrides=overrides)
+    resolve_job_config(config, detect(), requested_keys(overrides))
     OmegaConf.resolve(config)
     return config
 
@@ -185,6 +169,8 @@ def params_snapshot(module: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def assert_policy_held(audit: DtypeAudit, compile_audit: Any, profile: str) -> None:
     assert audit.op_count > 0
+    if ALLOWED_HALF[profile]:
+        assert torch.float16 in audit.dtypes, f"{profile} must compute in fp16"
     assert torch.bfloat16 not in audit.dtypes, f"bf16 ops under {profile}: {audit.half_precision_ops()}"
     unexpected = {d for d in audit.dtypes & HALF_DTYPES if d not in ALLOWED_HALF[profile]}
     assert not unexpected, f"half-precision ops under {profile}: {audit.half_precision_ops()}"
@@ -202,7 +188,7 @@ def test_actor_update_and_ref_log_prob(
     from verl.workers.engine_workers import ActorRolloutRefWorker
 
     assert get_device_name() == "cpu"  # the real hardware decides the platform, whatever the simulated profile
-    config = compose_ppo_config(_overrides(tiny_model, profile))
+    config = compose_ppo_config(_overrides(tiny_model))
     fields = padded_batch(vocab_size=90)
     audit = DtypeAudit()
     with audit_compile(monkeypatch) as compile_audit:
@@ -263,7 +249,7 @@ def test_critic_update(profile: str, tiny_model: Path, single_rank: None, monkey
     from verl.workers.engine_workers import TrainingWorker
     from verl.workers.utils.losses import value_loss
 
-    config = compose_ppo_config(_overrides(tiny_model, profile))
+    config = compose_ppo_config(_overrides(tiny_model))
     fields = padded_batch(vocab_size=90, seed=1)
     audit = DtypeAudit()
     with audit_compile(monkeypatch) as compile_audit:
@@ -312,3 +298,54 @@ def _flatten(value: Any) -> list[Any]:
     if isinstance(value, list | tuple):
         return [x for v in value for x in _flatten(v)]
     return [value]
+
+
+def _update_td(fields: dict[str, torch.Tensor], log_probs: torch.Tensor, advantage_scale: float) -> Any:
+    mask = fields["response_mask"].float()
+    advantages = advantage_scale * torch.tensor([1.0, -1.0, 0.5, -0.5])[:BATCH, None] * mask
+    return to_engine_input(
+        {**fields, "old_log_probs": log_probs, "ref_log_prob": log_probs, "advantages": advantages},
+        calculate_entropy=False,
+        global_batch_size=BATCH,
+        mini_batch_size=BATCH,
+        epochs=1,
+        seed=42,
+        dataloader_kwargs={"shuffle": False},
+        compute_loss=True,
+    )
+
+
+@pytest.mark.parametrize("profile", ["v100", "t4"], indirect=True)
+def test_fp16_overflow_step_is_skipped_and_master_weights_stay_fp32(
+    profile: str, tiny_model: Path, single_rank: None
+) -> None:
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+    from verl.workers.engine_workers import ActorRolloutRefWorker
+
+    config = compose_ppo_config(_overrides(tiny_model))
+    actor = ActorRolloutRefWorker(config=config.actor_rollout_ref, role="actor")
+    actor.init_model()
+    engine = actor.actor.engine
+    assert isinstance(engine.scaler, ShardedGradScaler) and engine.scaler.is_enabled(), "fp16 needs loss scaling"
+    fields = padded_batch(vocab_size=90, seed=2)
+    log_probs = padded(
+        actor.compute_log_prob(to_engine_input(fields, calculate_entropy=False, compute_loss=False)),
+        "log_probs",
+        to_engine_input(fields, calculate_entropy=False, compute_loss=False),
+    ).float()
+
+    before = params_snapshot(engine.module)
+    scale_before = float(engine.scaler.get_scale())
+    # advantages of 1e30: the scaled loss is finite in fp32, its gradients overflow in fp16
+    actor.update_actor(_update_td(fields, log_probs, advantage_scale=1e30))
+    after = params_snapshot(engine.module)
+    assert all(torch.equal(before[n], after[n]) for n in before), "an overflowing step must not touch the weights"
+    assert all(torch.isfinite(t).all() and t.dtype == torch.float32 for t in after.values())
+    assert float(engine.scaler.get_scale()) < scale_before, "the scaler must back off after an overflow"
+
+    # the next, ordinary step trains again
+    actor.update_actor(_update_td(fields, log_probs, advantage_scale=1.0))
+    trained = params_snapshot(engine.module)
+    assert any(not torch.equal(after[n], trained[n]) for n in after)
+    assert all(torch.isfinite(t).all() and t.dtype == torch.float32 for t in trained.values())

@@ -56,8 +56,12 @@ def resolve_config(config: Any) -> dict[str, Decision]:
     from verl_compat.policy import resolve_job_config
     from verl_compat.requests import requested_keys_from_hydra
 
+    from verl_compat.cpu import size_for_host
+
     profile = _profile()
-    decisions = resolve_job_config(config, profile, requested_keys_from_hydra())
+    requested = requested_keys_from_hydra()
+    decisions = resolve_job_config(config, profile, requested)
+    size_for_host(config, requested)  # Ray/TransferQueue layout that fits this host (a silent hang otherwise)
     changed = [d for d in decisions.values() if d.defaulted and d.upstream is not None and d.value != d.upstream]
     log.info(
         "verl-compat: %s; %d setting(s) differ from upstream verl (`verl-compat doctor` explains)",

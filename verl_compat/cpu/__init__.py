@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from verl_compat.cpu.distributed import dist_backend
-from verl_compat.cpu.engine import engine_devices, on_cpu_platform, pin_memory
+from verl_compat.cpu.engine import engine_devices, grad_scaler_device, on_cpu_platform, pin_memory
 from verl_compat.cpu.host import cpu_platform_wanted, forced_cpu, host_has_accelerator
 from verl_compat.cpu.ray_pools import check_ray_cpu_resources, ray_use_accelerator
 
@@ -42,6 +42,7 @@ __all__ = [
     "cpu_platform_wanted",
     "dist_backend",
     "engine_devices",
+    "grad_scaler_device",
     "forced_cpu",
     "host_has_accelerator",
     "on_cpu_platform",

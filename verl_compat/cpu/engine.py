@@ -24,3 +24,10 @@ def pin_memory(default: bool = True) -> bool:
     """`CPUOffloadPolicy(pin_memory=...)`: pinning needs an accelerator runtime; on the CPU platform the
     parameters already live in host memory, so offloading is a no-op move and pinning would fail."""
     return default and not on_cpu_platform()
+
+
+def grad_scaler_device(default: str = "cuda") -> str:
+    """`ShardedGradScaler(device=...)` for fp16 training. Upstream's default "cuda" makes the scaler disable itself
+    (no loss scaling, no skipping of overflowing steps) wherever CUDA is not the device; on the CPU platform the
+    scaler must run on "cpu" to do its job."""
+    return "cpu" if on_cpu_platform() else default

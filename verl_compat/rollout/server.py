@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from verl_compat.rollout.engine import HFGenerationEngine, check_parallel_sizes
-from verl_compat.rollout.loading import eos_token_ids, torch_dtype
+from verl_compat.rollout.loading import eos_token_ids
 from verl_compat.rollout.sampling import resolve_max_tokens
 
 logger = logging.getLogger("verl_compat.rollout.server")
@@ -28,26 +28,10 @@ DEFAULT_BATCH_WINDOW_S = 0.01
 
 
 def _resolve_dtype_and_attn(config: Any, model_config: Any) -> tuple[torch.dtype, str]:
-    """Rollout dtype and attention implementation for the hf engine.
+    """Rollout dtype and attention implementation for the hf engine, from the device resolvers."""
+    from verl_compat.seams import hf_rollout_dtype_and_attn
 
-    Single seam for the device resolvers: today ``rollout.dtype`` as given and the model config's attention,
-    with flash-attention replaced by SDPA where it cannot run (verl's default is flash_attention_2 even on
-    devices without it).
-    """
-    dtype = torch_dtype(config.dtype)
-    attn = getattr(model_config.hf_config, "_attn_implementation", None) or "sdpa"
-    if attn.startswith("flash_attention") and not _flash_attn_usable():
-        logger.info("hf rollout: attn_implementation %s is not usable here, using sdpa", attn)
-        attn = "sdpa"
-    return dtype, attn
-
-
-def _flash_attn_usable() -> bool:
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 8:
-        return False
-    import importlib.util
-
-    return importlib.util.find_spec("flash_attn") is not None
+    return hf_rollout_dtype_and_attn(config, model_config)
 
 
 def _rollout_device(cuda_visible_devices: str | None) -> torch.device:
