@@ -23,6 +23,4 @@ class IncompatibleRequestError(VerlCompatError, ValueError):
         self.device = device
         self.reason = reason
         self.fix = fix
-        super().__init__(
-            f"{key}={value!r} cannot run on {device}: {reason}. Fix: {fix}"
-        )
+        super().__init__(f"{key}={value!r} cannot run on {device}: {reason}. Fix: {fix}")

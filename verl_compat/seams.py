@@ -53,10 +53,9 @@ def resolve_config(config: Any) -> dict[str, Decision]:
     Requested keys come from the running Hydra app (command-line overrides + the user's primary config file).
     Raises IncompatibleRequestError before any Ray/GPU work when an explicit request cannot run here.
     """
+    from verl_compat.cpu import size_for_host
     from verl_compat.policy import resolve_job_config
     from verl_compat.requests import requested_keys_from_hydra
-
-    from verl_compat.cpu import size_for_host
 
     profile = _profile()
     requested = requested_keys_from_hydra()
