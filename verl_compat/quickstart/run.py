@@ -29,7 +29,10 @@ def prepare(model: str, home: Path, train_size: int, val_size: int) -> tuple[Pat
         model_dir = tiny_llama(home / "models" / "tiny-llama")
     else:
         model_dir = Path(model).expanduser().resolve()  # any local HF folder
-    train, val = write_dataset(home / "data" / "reasoning_gym_arithmetic", train_size, val_size)
+    data_dir = home / "data" / f"reasoning_gym_arithmetic-{train_size}-{val_size}"
+    train, val = data_dir / "train.parquet", data_dir / "val.parquet"
+    if not (train.is_file() and val.is_file()):  # deterministic (fixed seeds): made once, then reused
+        train, val = write_dataset(data_dir, train_size, val_size)
     return model_dir, train, val
 
 

@@ -1,0 +1,40 @@
+"""Running a simulated card on a bigger real GPU (`VERL_COMPAT_DEVICE=p40` on an H200): cap the process's memory.
+
+Only when the profile is simulated and a real CUDA device is in use; a real card's profile never changes anything.
+Called from the seams that run where the GPU work happens (the FSDP engine build, the rollout server), never at
+import: touching torch.cuda before Ray or a server sets CUDA_VISIBLE_DEVICES would freeze the wrong device list.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from verl_compat.profile import DeviceProfile
+
+log = logging.getLogger("verl_compat.simulate")
+_capped: set[int] = set()
+
+
+def cap_memory(profile: DeviceProfile) -> float | None:
+    """Limit this process's CUDA caching allocator to the simulated card's memory; returns the fraction set."""
+    if not profile.simulated or profile.device_type != "cuda" or not profile.total_memory_bytes:
+        return None
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    device = torch.cuda.current_device()
+    if device in _capped:
+        return None
+    real = torch.cuda.get_device_properties(device).total_memory
+    fraction = min(1.0, profile.total_memory_bytes / real)
+    torch.cuda.set_per_process_memory_fraction(fraction, device)
+    _capped.add(device)
+    log.info(
+        "simulating %s: this process may allocate %.1f GiB of the %.1f GiB on cuda:%d",
+        profile.describe(),
+        profile.total_memory_bytes / 2**30,
+        real / 2**30,
+        device,
+    )
+    return fraction
