@@ -55,7 +55,10 @@ setup(
     license="Apache-2.0",
     python_requires=">=3.10,<3.13",
     packages=find_namespace_packages(include=["verl", "verl.*", "verl_compat", "verl_compat.*"]),
-    package_data={"verl": ["**/*.yaml", "**/*.json", "**/*.jinja", "**/*.txt", "version/version", "**/*.md"]},
+    package_data={
+        "verl": ["**/*.yaml", "**/*.json", "**/*.jinja", "**/*.txt", "version/version", "**/*.md"],
+        "verl_compat": ["quickstart/config/*.yaml"],
+    },
     install_requires=UPSTREAM_BASE + RUNTIME_EXTRA,
     extras_require={
         # reasoning-gym: the end-to-end tests train on its arithmetic tasks

@@ -32,6 +32,9 @@ def poll_gpu_memory(stop: threading.Event, samples: list[int]) -> None:
                 timeout=10,
             ).stdout
             samples.append(sum(int(x) for x in out.split()) * 2**20)
+        except FileNotFoundError:
+            print("nvidia-smi not found: no GPU memory samples", file=sys.stderr)
+            return
         except (OSError, ValueError, subprocess.TimeoutExpired) as e:  # keep polling; report what failed
             print(f"nvidia-smi poll failed: {e}", file=sys.stderr)
         stop.wait(1.0)

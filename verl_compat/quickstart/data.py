@@ -5,13 +5,27 @@ from __future__ import annotations
 from pathlib import Path
 
 INSTRUCTION = "Solve the problem. End your reply with the final number."
-DEFAULT_TASKS = ("chain_sum", "basic_arithmetic")
+# Easy settings: SmolLM2-135M solves some but not all of them when sampling, so GRPO's groups get mixed rewards
+# (reasoning-gym's defaults, up to 6 terms of 4 digits, score about 0 and leave nothing to learn from).
+TASK_CONFIGS = {
+    "chain_sum": {"min_terms": 2, "max_terms": 3, "min_digits": 1, "max_digits": 2},
+    "basic_arithmetic": {
+        "min_terms": 2,
+        "max_terms": 2,
+        "min_digits": 1,
+        "max_digits": 1,
+        "operators": ("+", "-", "*"),
+        "allow_parentheses": False,
+        "allow_negation": False,
+    },
+}
+DEFAULT_TASKS = tuple(TASK_CONFIGS)
 
 
 def make_rows(task: str, size: int, seed: int, split: str) -> list[dict]:
     import reasoning_gym  # an optional dependency: `pip install -e ".[quickstart]"`
 
-    ds = reasoning_gym.create_dataset(task, size=size, seed=seed)
+    ds = reasoning_gym.create_dataset(task, size=size, seed=seed, **TASK_CONFIGS.get(task, {}))
     rows = []
     for i in range(size):
         e = ds[i]

@@ -36,10 +36,13 @@ def prepare(model: str, home: Path, train_size: int, val_size: int) -> tuple[Pat
     return model_dir, train, val
 
 
-def build_command(algo: str, model_dir: Path, train: Path, val: Path, out_dir: Path, steps: int, extra: list[str]):
+def build_command(config: str, model_dir: Path, train: Path, val: Path, out_dir: Path, steps: int, extra: list[str]):
+    """`config`: "grpo", "ppo" (this package's configs) or the path of a Hydra config file of the user's."""
     from verl_compat.quickstart import reward
 
-    cmd = [sys.executable, "-m", "verl.trainer.main_ppo", f"--config-path={CONFIG_DIR}", f"--config-name={algo}"]
+    path = Path(config)
+    config_dir, name = (path.resolve().parent, path.stem) if path.suffix in (".yaml", ".yml") else (CONFIG_DIR, config)
+    cmd = [sys.executable, "-m", "verl.trainer.main_ppo", f"--config-path={config_dir}", f"--config-name={name}"]
     cmd += [
         f"data.train_files={train}",
         f"data.val_files={val}",
@@ -58,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         description="GRPO (or PPO) on reasoning-gym arithmetic with SmolLM2-135M-Instruct, on this device",
     )
     ap.add_argument("--algo", choices=("grpo", "ppo"), default="grpo")
+    ap.add_argument("--config", help="Hydra config file to use instead of --algo, e.g. examples/config/grpo_p40.yaml")
     ap.add_argument("--model", default="smollm2", help="smollm2 (default), tiny (random weights, for tests) or a path")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--train-size", type=int, default=256)
@@ -68,7 +72,9 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = ap.parse_known_args(argv)
     home = (args.home or default_home()).expanduser()
     model_dir, train, val = prepare(args.model, home, args.train_size, args.val_size)
-    cmd = build_command(args.algo, model_dir, train, val, args.out.resolve() / args.algo, args.steps, extra)
+    config = args.config or args.algo
+    run_name = Path(config).stem
+    cmd = build_command(config, model_dir, train, val, args.out.resolve() / run_name, args.steps, extra)
     print(" ".join(cmd), flush=True)
     if args.dry_run:
         return 0
