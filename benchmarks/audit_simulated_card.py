@@ -53,6 +53,7 @@ def main() -> int:
     from torch.profiler import ProfilerActivity, profile
 
     from verl.workers.engine_workers import ActorRolloutRefWorker
+    from verl_compat import simulate
     from verl_compat.detect import detect
     from verl_compat.rollout.engine import HFGenerationEngine
     from verl_compat.rollout.loading import torch_dtype
@@ -135,6 +136,8 @@ def main() -> int:
         "triton_kernels": triton_kernels[:50],
         "dynamo_frames": int(sum(counters["stats"].values())) if "stats" in counters else 0,
         "flash_attn_imported": "flash_attn" in sys.modules,
+        "memory_capped_to_profile": bool(simulate._capped),
+        "sdpa_flash_cudnn_enabled": [torch.backends.cuda.flash_sdp_enabled(), torch.backends.cuda.cudnn_sdp_enabled()],
         "generated_tokens": sum(len(r.token_ids) for r in results),
         "train_peak_gib": round(train_peak / 2**30, 3),
         "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 3),

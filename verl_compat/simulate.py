@@ -1,4 +1,6 @@
-"""Running a simulated card on a bigger real GPU (`VERL_COMPAT_DEVICE=p40` on an H200): cap the process's memory.
+"""Running a simulated card on a bigger real GPU (`VERL_COMPAT_DEVICE=p40` on an H200): cap the process's memory
+and keep SDPA off the attention kernels the simulated card does not have (flash and cuDNN need sm_80+; the
+memory-efficient and math kernels run from sm_50), so the simulation runs the kernels the real card would.
 
 Only when the profile is simulated and a real CUDA device is in use; a real card's profile never changes anything.
 Called from the seams that run where the GPU work happens (the FSDP engine build, the rollout server), never at
@@ -16,7 +18,8 @@ _capped: set[int] = set()
 
 
 def cap_memory(profile: DeviceProfile) -> float | None:
-    """Limit this process's CUDA caching allocator to the simulated card's memory; returns the fraction set."""
+    """Limit this process's CUDA caching allocator to the simulated card's memory (and its SDPA kernels to the
+    card's); returns the fraction set."""
     if not profile.simulated or profile.device_type != "cuda" or not profile.total_memory_bytes:
         return None
     import torch
@@ -30,7 +33,10 @@ def cap_memory(profile: DeviceProfile) -> float | None:
     fraction = min(1.0, profile.total_memory_bytes / real)
     torch.cuda.set_per_process_memory_fraction(fraction, device)
     _capped.add(device)
-    log.info(
+    if profile.sm is not None and profile.sm < 80:
+        torch.backends.cuda.enable_flash_sdp(False)
+        torch.backends.cuda.enable_cudnn_sdp(False)
+    log.warning(  # a warning, so every Ray worker's log shows that its memory is capped
         "simulating %s: this process may allocate %.1f GiB of the %.1f GiB on cuda:%d",
         profile.describe(),
         profile.total_memory_bytes / 2**30,

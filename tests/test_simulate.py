@@ -1,0 +1,18 @@
+"""A simulated card changes nothing where there is no real GPU, and never for a real card's profile."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from verl_compat.catalog import get_profile
+from verl_compat.simulate import cap_memory
+
+
+def test_no_cap_without_a_cuda_device():
+    assert cap_memory(get_profile("p40")) is None  # this machine has no GPU
+
+
+def test_no_cap_for_real_or_cpu_profiles():
+    real = dataclasses.replace(get_profile("p40"), simulated=False)
+    assert cap_memory(real) is None
+    assert cap_memory(get_profile("cpu")) is None
