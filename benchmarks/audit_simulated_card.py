@@ -39,6 +39,7 @@ def main() -> int:
         os.environ.setdefault(k, v)
     from engine_harness import (
         ALLOWED_HALF,
+        actor_update_input,
         compose_ppo_config,
         free_port,
         overrides,
@@ -81,18 +82,7 @@ def main() -> int:
             old = padded(actor.compute_log_prob(old_td), "log_probs", old_td).float()
             ref_td = to_engine_input(fields, calculate_entropy=False, compute_loss=False)
             refl = padded(ref.compute_ref_log_prob(ref_td), "log_probs", ref_td).float()
-            mask = fields["response_mask"].float()
-            adv = torch.tensor([1.0, -1.0, 0.5, -0.5])[: mask.shape[0], None] * mask
-            upd = to_engine_input(
-                {**fields, "old_log_probs": old, "ref_log_prob": refl, "advantages": adv},
-                calculate_entropy=False,
-                global_batch_size=mask.shape[0],
-                mini_batch_size=mask.shape[0],
-                epochs=1,
-                seed=42,
-                dataloader_kwargs={"shuffle": False},
-                compute_loss=True,
-            )
+            upd = actor_update_input(fields, old, refl)
             actor.update_actor(upd)
         train_peak = torch.cuda.max_memory_allocated()
         rcfg = config.actor_rollout_ref.rollout

@@ -131,3 +131,22 @@ def assert_policy_held(audit: DtypeAudit, compile_audit: Any, profile: str) -> N
     assert "flash_attn" not in sys.modules
     assert compile_audit.compile_calls == [], f"torch.compile called for {compile_audit.compile_calls}"
     assert compile_audit.dynamo_frames == 0
+
+
+def actor_update_input(
+    fields: dict[str, torch.Tensor], old_log_probs: torch.Tensor, ref_log_prob: torch.Tensor, scale: float = 1.0
+) -> Any:
+    """One PPO mini-batch for `update_actor`: GRPO-style advantages (one scalar per sequence, broadcast over its
+    response), times `scale` (1e30 forces an fp16 overflow)."""
+    mask = fields["response_mask"].float()
+    advantages = scale * torch.tensor([1.0, -1.0, 0.5, -0.5])[: mask.shape[0], None] * mask
+    return to_engine_input(
+        {**fields, "old_log_probs": old_log_probs, "ref_log_prob": ref_log_prob, "advantages": advantages},
+        calculate_entropy=False,
+        global_batch_size=mask.shape[0],
+        mini_batch_size=mask.shape[0],
+        epochs=1,
+        seed=42,
+        dataloader_kwargs={"shuffle": False},
+        compute_loss=True,
+    )

@@ -35,14 +35,6 @@ CU130 = ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"]
 CU126 = ["sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90"]
 
 
-@pytest.fixture(autouse=True)
-def _clean_env(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.delenv(ENV_VAR, raising=False)
-    reset_cache()
-    yield
-    reset_cache()
-
-
 # detect() -------------------------------------------------------------------------------------------------------
 @pytest.mark.skipif(not CPU_TORCH, reason="needs a machine without a GPU")
 def test_detect_on_this_machine_is_cpu(monkeypatch: pytest.MonkeyPatch) -> None:

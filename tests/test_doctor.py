@@ -14,19 +14,11 @@ import pytest
 import torch
 
 from verl_compat.decision import Decision
-from verl_compat.detect import ENV_VAR, reset_cache
+from verl_compat.detect import ENV_VAR
 
 doctor = importlib.import_module("verl_compat.doctor")
 REPO = Path(__file__).resolve().parents[1]
 CPU_TORCH = torch.version.cuda is None
-
-
-@pytest.fixture(autouse=True)
-def _clean_env(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.delenv(ENV_VAR, raising=False)
-    reset_cache()
-    yield
-    reset_cache()
 
 
 def _run_cli(*args: str, device: str | None) -> subprocess.CompletedProcess:

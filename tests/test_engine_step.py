@@ -22,6 +22,7 @@ from dtype_audit import DtypeAudit, audit_compile
 from engine_harness import (
     BATCH,
     RESPONSE_LEN,
+    actor_update_input,
     assert_policy_held,
     compose_ppo_config,
     free_port,
@@ -31,14 +32,15 @@ from engine_harness import (
     params_snapshot,
     to_engine_input,
 )
-from tiny_model import build_tiny_model
+
+from verl_compat.quickstart.model import tiny_llama
 
 PROFILES = ["cpu", "p40", "v100", "t4"]
 
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+    return tiny_llama(tmp_path_factory.mktemp("tiny") / "model")
 
 
 @pytest.fixture(scope="module")
@@ -61,13 +63,12 @@ def single_rank() -> Iterator[None]:
 
 @pytest.fixture
 def profile(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    from verl_compat.detect import reset_cache
+    """The simulated device for the resolvers (tests/conftest.py restores the real one afterwards)."""
+    from verl_compat.detect import ENV_VAR, reset_cache
 
-    name: str = request.param
-    monkeypatch.setenv("VERL_COMPAT_DEVICE", name)
+    monkeypatch.setenv(ENV_VAR, request.param)
     reset_cache()
-    yield name
-    reset_cache()
+    return request.param
 
 
 @pytest.mark.parametrize("profile", PROFILES, indirect=True)
@@ -100,19 +101,7 @@ def test_actor_update_and_ref_log_prob(
             old_log_probs = padded(old_out, "log_probs", old_td).float()
             ref_log_prob = padded(ref_out, "log_probs", ref_td).float()
 
-            # one PPO update (GRPO-style advantages: one scalar per sequence, broadcast over its response)
-            mask = fields["response_mask"].float()
-            advantages = torch.tensor([1.0, -1.0, 0.5, -0.5])[:BATCH, None] * mask
-            update_td = to_engine_input(
-                {**fields, "old_log_probs": old_log_probs, "ref_log_prob": ref_log_prob, "advantages": advantages},
-                calculate_entropy=False,
-                global_batch_size=BATCH,
-                mini_batch_size=BATCH,
-                epochs=1,
-                seed=42,
-                dataloader_kwargs={"shuffle": False},
-                compute_loss=True,
-            )
+            update_td = actor_update_input(fields, old_log_probs, ref_log_prob)
             update_out = actor.update_actor(update_td)
 
     mask = fields["response_mask"].bool()
@@ -191,21 +180,6 @@ def _flatten(value: Any) -> list[Any]:
     return [value]
 
 
-def _update_td(fields: dict[str, torch.Tensor], log_probs: torch.Tensor, advantage_scale: float) -> Any:
-    mask = fields["response_mask"].float()
-    advantages = advantage_scale * torch.tensor([1.0, -1.0, 0.5, -0.5])[:BATCH, None] * mask
-    return to_engine_input(
-        {**fields, "old_log_probs": log_probs, "ref_log_prob": log_probs, "advantages": advantages},
-        calculate_entropy=False,
-        global_batch_size=BATCH,
-        mini_batch_size=BATCH,
-        epochs=1,
-        seed=42,
-        dataloader_kwargs={"shuffle": False},
-        compute_loss=True,
-    )
-
-
 @pytest.mark.parametrize("profile", ["v100", "t4"], indirect=True)
 def test_fp16_overflow_step_is_skipped_and_master_weights_stay_fp32(
     profile: str, tiny_model: Path, single_rank: None
@@ -229,14 +203,14 @@ def test_fp16_overflow_step_is_skipped_and_master_weights_stay_fp32(
     before = params_snapshot(engine.module)
     scale_before = float(engine.scaler.get_scale())
     # advantages of 1e30: the scaled loss is finite in fp32, its gradients overflow in fp16
-    actor.update_actor(_update_td(fields, log_probs, advantage_scale=1e30))
+    actor.update_actor(actor_update_input(fields, log_probs, log_probs, scale=1e30))
     after = params_snapshot(engine.module)
     assert all(torch.equal(before[n], after[n]) for n in before), "an overflowing step must not touch the weights"
     assert all(torch.isfinite(t).all() and t.dtype == torch.float32 for t in after.values())
     assert float(engine.scaler.get_scale()) < scale_before, "the scaler must back off after an overflow"
 
     # the next, ordinary step trains again
-    actor.update_actor(_update_td(fields, log_probs, advantage_scale=1.0))
+    actor.update_actor(actor_update_input(fields, log_probs, log_probs))
     trained = params_snapshot(engine.module)
     assert any(not torch.equal(after[n], trained[n]) for n in after)
     assert all(torch.isfinite(t).all() and t.dtype == torch.float32 for t in trained.values())

@@ -7,6 +7,7 @@ import copy
 
 import pytest
 import torch
+from tiny_configs import EOS, tiny_config
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from verl_compat.errors import IncompatibleRequestError
@@ -14,41 +15,17 @@ from verl_compat.rollout.engine import HFGenerationEngine
 from verl_compat.rollout.sampling import SamplingSpec, resolve_max_tokens
 from verl_compat.rollout.weights import UnknownWeightError
 
-EOS = 2
 PROMPTS = [[5, 17, 42, 9, 100], [7, 8], [250, 3, 3, 61, 90, 12, 14, 200, 11], [33]]
 
 
 def tiny_llama(seed: int = 0) -> LlamaForCausalLM:
     torch.manual_seed(seed)
-    cfg = LlamaConfig(
-        vocab_size=300,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        bos_token_id=1,
-        eos_token_id=EOS,
-        pad_token_id=0,
-    )
-    return LlamaForCausalLM(cfg).eval()
+    return LlamaForCausalLM(tiny_config(LlamaConfig)).eval()
 
 
 def tiny_qwen_tied(seed: int = 0) -> Qwen2ForCausalLM:
     torch.manual_seed(seed)
-    cfg = Qwen2Config(
-        vocab_size=300,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        bos_token_id=1,
-        eos_token_id=EOS,
-        pad_token_id=0,
-        tie_word_embeddings=True,
-    )
-    return Qwen2ForCausalLM(cfg).eval()
+    return Qwen2ForCausalLM(tiny_config(Qwen2Config, tie_word_embeddings=True)).eval()
 
 
 def reference_greedy(model, prompt: list[int], max_new_tokens: int) -> list[int]:

@@ -10,11 +10,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_configs import EOS, VOCAB, tiny_config
 
 from verl_compat.errors import IncompatibleRequestError
-
-VOCAB = 300
-EOS = 2
 
 
 def make_tiny_model_dir(path: Path, seed: int = 0) -> Path:
@@ -27,19 +25,7 @@ def make_tiny_model_dir(path: Path, seed: int = 0) -> Path:
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend, bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<pad>"
     )
-    config = Qwen2Config(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        bos_token_id=1,
-        eos_token_id=EOS,
-        pad_token_id=0,
-        tie_word_embeddings=True,
-        max_position_embeddings=256,
-    )
+    config = tiny_config(Qwen2Config, tie_word_embeddings=True, max_position_embeddings=256)
     torch.manual_seed(seed)
     Qwen2ForCausalLM(config).save_pretrained(path)
     tokenizer.save_pretrained(path)

@@ -194,19 +194,23 @@ def choose(
         )
 
     fallback = _first_acceptable(evaluated)
+
+    def refuse(blockers: list) -> IncompatibleRequestError:
+        return IncompatibleRequestError(
+            request.key,
+            request.value,
+            device,
+            "; ".join(r.message for r in blockers),
+            fix(request, profile, fallback.value if fallback else None),
+        )
+
     if identity_on_ampere and profile.is_ampere_or_newer and has_upstream:
         matched_reasons = [r for o, rs in evaluated if o.matches(request.value) for r in rs]
         # The one exception to identity: an explicit request for a package that is not installed at all. Upstream
         # would die on the import later (in a Ray worker); failing at start-up changes no run that works.
         missing = [r for r in matched_reasons if r.code == NOT_INSTALLED]
         if request.requested and missing:
-            raise IncompatibleRequestError(
-                request.key,
-                request.value,
-                device,
-                "; ".join(r.message for r in missing),
-                fix(request, profile, fallback.value if fallback else None),
-            )
+            raise refuse(missing)
         notes = [str(r) for r in matched_reasons]
         return decision(
             request.value,
@@ -223,13 +227,7 @@ def choose(
         option, reasons = matched
         blockers = [r for r in reasons if r.hard]
         if blockers:
-            raise IncompatibleRequestError(
-                request.key,
-                request.value,
-                device,
-                "; ".join(r.message for r in blockers),
-                fix(request, profile, fallback.value if fallback else None),
-            )
+            raise refuse(blockers)
         warnings = [f"warning: {r.message} (kept because it was requested)" for r in reasons]
         return decision(request.value, False, ["requested explicitly", *warnings])
 
