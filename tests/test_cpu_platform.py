@@ -294,3 +294,24 @@ def test_fresh_process_with_simulated_p40_runs_on_cpu_platform() -> None:
         [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=180, check=True
     )
     assert out.stdout.split()[-3:] == ["cpu", "verl_compat.cpu.device_module", "p40"], out.stderr[-2000:]
+
+
+def test_check_ray_resources_keeps_upstreams_check_on_gpu_platforms(monkeypatch: pytest.MonkeyPatch) -> None:
+    """patches/0003: the one call replaces upstream's call; on a GPU platform it is upstream's check again."""
+    from verl_compat.cpu import ray_pools
+
+    calls: list[Any] = []
+
+    class Manager:
+        resource_pool_spec = {"global_pool": [2]}
+        max_colocate_count = 3
+
+        def _check_resource_available(self) -> None:
+            calls.append("upstream")
+
+    monkeypatch.setattr(ray_pools, "check_ray_cpu_resources", lambda spec, n: calls.append(("cpu", spec, n)))
+    monkeypatch.setattr(ray_pools, "ray_use_accelerator", lambda: True)
+    cpu.check_ray_resources(Manager())
+    monkeypatch.setattr(ray_pools, "ray_use_accelerator", lambda: False)
+    cpu.check_ray_resources(Manager())
+    assert calls == ["upstream", ("cpu", {"global_pool": [2]}, 3)]

@@ -12,7 +12,7 @@ from verl_compat.catalog import get_profile
 from verl_compat.errors import IncompatibleRequestError
 from verl_compat.policy import compose_ppo_config, default_policy, resolve_job_config
 from verl_compat.profile import DeviceProfile, PackageStatus
-from verl_compat.requests import requested_keys
+from verl_compat.user_keys import requested_keys
 
 FP32 = {"param_dtype": "fp32", "reduce_dtype": "fp32", "buffer_dtype": "fp32"}
 FP16 = {"param_dtype": "fp16", "reduce_dtype": "fp32", "buffer_dtype": "fp32"}

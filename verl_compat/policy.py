@@ -16,9 +16,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from verl_compat.decision import Decision
 from verl_compat.profile import DeviceProfile
-from verl_compat.requests import RequestedKeys, requested_keys, verl_config_dir
-from verl_compat.resolvers import attention, dtype, kernels, memory, placement, rollout
+from verl_compat.resolvers import attention, dtype, kernels, memory, placement, rollout_engine
 from verl_compat.resolvers.registry import Registry, Request
+from verl_compat.user_keys import RequestedKeys, requested_keys, verl_config_dir
 
 ACTOR, REF, CRITIC = "actor", "ref", "critic"
 # role -> (fsdp engine config, role config)
@@ -225,7 +225,7 @@ def _rollout(plan: _Plan, train: str, attn: str) -> None:
     name_key = f"{ROLLOUT}.name"
     engine = plan.add(
         "rollout.engine",
-        rollout.resolve_engine(plan.request("rollout.engine", [name_key], None), p, plan.registry),
+        rollout_engine.resolve_engine(plan.request("rollout.engine", [name_key], None), p, plan.registry),
         name_key,
     )
     facts = {"engine": engine.value, "train_dtype": train, "attention": attn}
@@ -238,13 +238,13 @@ def _rollout(plan: _Plan, train: str, attn: str) -> None:
     tp_key = f"{ROLLOUT}.tensor_model_parallel_size"
     plan.add(
         "rollout.tensor_parallel",
-        rollout.resolve_tensor_parallel(plan.request("rollout.tensor_parallel", [tp_key], 2, facts), p),
+        rollout_engine.resolve_tensor_parallel(plan.request("rollout.tensor_parallel", [tp_key], 2, facts), p),
         tp_key,
     )
     eager_key = f"{ROLLOUT}.enforce_eager"
     plan.add(
         "rollout.enforce_eager",
-        rollout.resolve_enforce_eager(
+        rollout_engine.resolve_enforce_eager(
             plan.request("rollout.enforce_eager", [eager_key], False, facts), p, plan.registry
         ),
         eager_key,
@@ -252,7 +252,7 @@ def _rollout(plan: _Plan, train: str, attn: str) -> None:
     ckpt_key = f"{ROLLOUT}.checkpoint_engine.backend"
     plan.add(
         "rollout.checkpoint_engine",
-        rollout.resolve_checkpoint_engine(
+        rollout_engine.resolve_checkpoint_engine(
             plan.request("rollout.checkpoint_engine", [ckpt_key], "naive", facts), p, plan.registry
         ),
     )

@@ -56,7 +56,7 @@ def resolve_config(config: Any) -> dict[str, Decision]:
     """
     from verl_compat.cpu import size_for_host
     from verl_compat.policy import resolve_job_config
-    from verl_compat.requests import requested_keys_from_hydra
+    from verl_compat.user_keys import requested_keys_from_hydra
 
     profile = _profile()
     requested = requested_keys_from_hydra()
@@ -111,17 +111,6 @@ def fsdp_mixed_precision(mixed_precision_cfg: Any) -> Any:
     return mixed_precision_cfg
 
 
-def load_dtype(default: torch.dtype) -> torch.dtype:
-    """Load dtype when fsdp_config.model_dtype is null (transformer_impl.py:262): bf16 -> the device's train dtype
-    where bf16 cannot run; anything that can run is kept."""
-    profile = _profile()
-    short = _TORCH_TO_SHORT.get(default)
-    if profile.is_ampere_or_newer or short is None:
-        return default
-    req = Request("dtype.train", "model_dtype", short, False, short)
-    return _SHORT_TO_TORCH[dtype.canonical(_keep_unless_blocked(req, profile, dtype.TRAIN_OPTIONS))]
-
-
 def rollout_dtype(value: str) -> str:
     """vLLM server dtype (vllm_async_server.py:326): bfloat16 -> float16/float32 where bf16 cannot run."""
     profile = _profile()
@@ -135,13 +124,13 @@ def rollout_dtype(value: str) -> str:
 def rollout_enforce_eager(value: bool) -> bool:
     """vLLM enforce_eager (vllm_async_server.py:339): forced True where vLLM's compiled/graph path cannot run
     (sm < 7.5); otherwise unchanged."""
-    from verl_compat.resolvers import rollout
+    from verl_compat.resolvers import rollout_engine
 
     profile = _profile()
     if profile.is_ampere_or_newer:
         return value
     req = Request("rollout.enforce_eager", "rollout.enforce_eager", bool(value), False, False, {"engine": "vllm"})
-    return _keep_unless_blocked(req, profile, rollout.EAGER_OPTIONS)
+    return _keep_unless_blocked(req, profile, rollout_engine.EAGER_OPTIONS)
 
 
 # Kernels --------------------------------------------------------------------------------------------------------
@@ -153,6 +142,16 @@ def torch_compile_ok() -> bool:
         return True
     req = Request("kernels.torch_compile", "use_torch_compile", True, False, True)
     return bool(_keep_unless_blocked(req, profile, kernels.COMPILE_OPTIONS))
+
+
+def torch_compile(configured: bool) -> bool:
+    """transformer_impl.py:188: compile the entropy when the engine config says so and Inductor can compile here."""
+    return bool(configured) and torch_compile_ok()
+
+
+def flash_ce(available: bool) -> bool:
+    """torch_functional.py:98: flash-attn's Triton cross-entropy when verl found it usable and Triton runs here."""
+    return bool(available) and use_triton()
 
 
 def use_triton() -> bool:

@@ -129,10 +129,6 @@ class Registry:
             extra = list(self._options.get(category, {}).values())
         return sorted([*builtin, *extra], key=lambda o: o.priority)
 
-    def categories(self) -> list[str]:
-        with self._lock:
-            return sorted(self._options)
-
 
 REGISTRY = Registry()
 
