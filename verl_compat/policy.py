@@ -14,22 +14,12 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from verl_compat.config_keys import ACTOR, CRITIC, FSDP_ROLES, MODEL_ROLES, ROLLOUT
 from verl_compat.decision import Decision
 from verl_compat.profile import DeviceProfile
 from verl_compat.resolvers import attention, dtype, kernels, memory, placement, rollout_engine
 from verl_compat.resolvers.registry import Registry, Request
 from verl_compat.user_keys import RequestedKeys, requested_keys, verl_config_dir
-
-ACTOR, REF, CRITIC = "actor", "ref", "critic"
-# role -> (fsdp engine config, role config)
-FSDP_ROLES: dict[str, tuple[str, str]] = {
-    ACTOR: ("actor_rollout_ref.actor.fsdp_config", "actor_rollout_ref.actor"),
-    REF: ("actor_rollout_ref.ref.fsdp_config", "actor_rollout_ref.ref"),
-    CRITIC: ("critic.fsdp", "critic"),
-}
-# role -> HF model config
-MODEL_ROLES: dict[str, str] = {ACTOR: "actor_rollout_ref.model", CRITIC: "critic.model"}
-ROLLOUT = "actor_rollout_ref.rollout"
 
 UPSTREAM_ATTN = "flash_attention_2"
 FULL_FP32_REDUCE = {"reduce_dtype": "fp32", "buffer_dtype": "fp32"}
@@ -71,9 +61,12 @@ class _Plan:
         )
 
     def add(self, name: str, decision: Decision, write_key: str | None = None) -> Decision:
-        """Record a decision; a defaulted one that differs from the config is written back to `write_key`."""
+        """Record a decision; a defaulted one that differs from what the config means (its value, or upstream's
+        default where it holds none) is written back to `write_key`. Identity on sm_80+ therefore writes nothing."""
         self.decisions[name] = decision
-        if write_key is not None and decision.defaulted and _get(self.config, write_key) != decision.value:
+        current = _get(self.config, write_key) if write_key is not None else None
+        effective = current if current is not None else decision.upstream
+        if write_key is not None and decision.defaulted and effective != decision.value:
             self.writes[write_key] = decision.value
         return decision
 
@@ -98,8 +91,6 @@ def decide(
     _kernels(plan)
     _rollout(plan, train, attn)
     _memory(plan)
-    if profile.is_ampere_or_newer:  # identity: only a missing rollout.name may be filled in
-        plan.writes = {k: v for k, v in plan.writes.items() if k == f"{ROLLOUT}.name"}
     return plan.decisions, plan.writes
 
 
@@ -130,7 +121,7 @@ def _dtypes(plan: _Plan) -> str:
             sub_key = f"{mp_key}.{sub}"
             if sub_key in plan.requested and mp.get(sub) is not None:
                 dtype.resolve_train(Request("dtype.train", sub_key, mp[sub], True, "fp32"), p, plan.registry)
-        if not p.is_ampere_or_newer:
+        if not decision.identity:  # the device's policy: the param dtype, and fp32 reduce/buffer spelled out
             resolved = {"param_dtype": mp.get("param_dtype") if req.requested else train}
             resolved |= {k: mp.get(k) or v for k, v in FULL_FP32_REDUCE.items()}
             if resolved != mp:

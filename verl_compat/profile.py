@@ -11,6 +11,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from verl_compat.capabilities import IDENTITY_CC, at_least
+
 
 @dataclass(frozen=True)
 class PackageStatus:
@@ -64,7 +66,7 @@ class DeviceProfile:
     @property
     def is_ampere_or_newer(self) -> bool:
         """sm_80+: the devices on which every resolver returns exactly upstream verl's value."""
-        return self.sm is not None and self.sm >= 80
+        return at_least(self.compute_capability, IDENTITY_CC)
 
     def package(self, name: str) -> PackageStatus:
         return self.packages.get(name, PackageStatus(name=name, installed=False))
