@@ -73,6 +73,8 @@ def with_software(profile: DeviceProfile, build: TorchBuild | None = None) -> De
             torch_cuda_version=build.cuda,
             torch_arch_list=tuple(build.arch_list),
             torch_covers_device=cov.covers,
+            torch_hip_version=build.hip,
+            torch_error=build.error,
         )
         return dataclasses.replace(profile, packages=probe_packages(profile, build))
     except Exception:

@@ -48,6 +48,8 @@ class DeviceProfile:
     torch_cuda_version: str | None = None
     torch_arch_list: tuple[str, ...] = ()
     torch_covers_device: bool | None = None  # None on CPU / unknown
+    torch_hip_version: str | None = None  # ROCm builds
+    torch_error: str | None = None  # why torch or its arch list could not be read
     # optional packages, keyed by name ("flash_attn", "xformers", "vllm", "sglang", "triton", "liger_kernel")
     packages: dict[str, PackageStatus] = field(default_factory=dict)
 

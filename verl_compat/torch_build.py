@@ -183,6 +183,18 @@ def coverage(
     return Coverage(False, why, advice)
 
 
+def coverage_of(profile: DeviceProfile) -> Coverage:
+    """`coverage()` from the torch facts detect() recorded in the profile (no second look at torch)."""
+    build = TorchBuild(
+        version=profile.torch_version,
+        cuda=profile.torch_cuda_version,
+        hip=profile.torch_hip_version,
+        arch_list=profile.torch_arch_list,
+        error=profile.torch_error,
+    )
+    return coverage_for(build, profile)
+
+
 def coverage_for(build: TorchBuild, profile: DeviceProfile) -> Coverage:
     """`coverage()` from a TorchBuild and a DeviceProfile."""
     if build.error and build.version is None:
