@@ -288,3 +288,16 @@ def test_probe_failure_becomes_reason(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(packages_mod, "find_installed", boom)
     st = packages_mod.probe_package("vllm", _covered("a100"), CUDA_BUILD)
     assert st.usable is False and st.reason.startswith("could not check:") and "corrupt" in st.reason
+
+
+def test_readme_torch_advice_is_the_table() -> None:
+    """One table of torch builds: the README shows it and the doctor's command for an old card."""
+    from verl_compat.torch_build import TESTED_TORCH, TORCH_BUILDS, readme_table
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert readme_table() in readme
+    old_card = install_command(TESTED_TORCH, (6, 1))
+    assert old_card in readme and "cu126" in old_card
+    assert f"pip install torch=={TESTED_TORCH} && " in readme  # the dev install line uses the same torch
+    assert TORCH_BUILDS[0].last_release == (2, 14)
+    assert "2.11.0" not in readme
