@@ -41,7 +41,7 @@ def test_p40_json_acceptance() -> None:
     out = _run_cli("--json", device="p40")
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
-    for section in ("device", "torch", "packages", "capabilities", "policy", "env", "plugins", "problems"):
+    for section in ("device", "host", "torch", "packages", "capabilities", "policy", "env", "plugins", "problems"):
         assert section in report
     dev = report["device"]
     assert dev["compute_capability"] == [6, 1] and dev["compute_capability_str"] == "6.1"
@@ -74,7 +74,14 @@ def test_text_report_sections(monkeypatch: pytest.MonkeyPatch, capsys: pytest.Ca
     monkeypatch.setenv(ENV_VAR, "t4")
     assert doctor.main([]) == 0
     text = capsys.readouterr().out
-    for title in ("== Device ==", "== PyTorch build ==", "== Optional packages ==", "== Policy", "== Problems =="):
+    for title in (
+        "== Device ==",
+        "== Host (the machine used) ==",
+        "== PyTorch build ==",
+        "== Optional packages ==",
+        "== Policy",
+        "== Problems ==",
+    ):
         assert title in text
     assert "7.5" in text and "64 KiB" in text
 
@@ -242,3 +249,12 @@ def test_a_plugin_that_fails_to_load_shows_in_the_doctor(tmp_path: Path) -> None
     assert {"name": "broken", "value": "broken_compat_plugin:register", "allowed": True} in plugins["entry_points"]
     assert plugins["load_errors"] == {"broken": "RuntimeError: needs xformers 0.0.99"}
     assert "load error: broken" in text and "needs xformers 0.0.99" in text
+
+
+def test_host_section_is_the_machine_used() -> None:
+    report = json.loads(_run_cli("--json", device="p40").stdout)
+    assert report["device"]["description"].startswith("p40 (sm_61") and report["device"]["simulated"] is True
+    host = report["host"]
+    assert host["cpu_count"] >= 1 and host["memory_bytes"] > 0
+    if CPU_TORCH and not host["accelerator"]:
+        assert host["real_device"] == "cpu" and host["accelerator_via"] is None

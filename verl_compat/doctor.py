@@ -68,6 +68,15 @@ def device_section(profile: DeviceProfile) -> dict[str, Any]:
     return d
 
 
+def host_section(profile: DeviceProfile) -> dict[str, Any]:
+    """The machine used (detect.host / real_device), apart from the card decided for (`device`)."""
+    from verl_compat.detect import host, real_device
+
+    facts = host().to_dict()
+    facts["real_device"] = real_device().describe()
+    return facts
+
+
 def torch_section(profile: DeviceProfile) -> dict[str, Any]:
     """The torch build as detect() recorded it in the profile (read once per process), and its coverage."""
     cov = coverage_of(profile)
@@ -239,6 +248,7 @@ def build_report(
     torch_info = _section(torch_section, profile)
     report: dict[str, Any] = {
         "device": _section(device_section, profile),
+        "host": _section(host_section, profile),
         "torch": torch_info,
         "packages": _section(packages_section, profile),
         "env": _section(env_section),
@@ -311,6 +321,17 @@ def render_text(report: dict[str, Any]) -> str:
             kv(key, dev.get(key))
         if dev.get("note"):
             kv("note", dev["note"])
+
+    h = report.get("host", {})
+    header("Host (the machine used)")
+    if "error" in h:
+        kv("error", h["error"])
+    else:
+        kv("CPUs", h.get("cpu_count"))
+        mem = h.get("memory_bytes")
+        kv("memory", f"{mem / 2**30:.1f} GiB" if mem else None)
+        kv("accelerator", f"yes (seen by {h['accelerator_via']})" if h.get("accelerator") else "none")
+        kv("real device", h.get("real_device"))
 
     t = report.get("torch", {})
     header("PyTorch build")

@@ -30,7 +30,9 @@ def prepare_device(profile: DeviceProfile) -> float | None:
     device = torch.cuda.current_device()
     if device in _capped:
         return None
-    real = torch.cuda.get_device_properties(device).total_memory
+    from verl_compat.detect import real_device
+
+    real = real_device().total_memory_bytes or torch.cuda.get_device_properties(device).total_memory
     fraction = min(1.0, profile.total_memory_bytes / real)
     torch.cuda.set_per_process_memory_fraction(fraction, device)
     _capped.add(device)

@@ -63,7 +63,9 @@ def ray_default_cpus() -> int:
 
         return int(get_num_cpus())
     except (ImportError, AttributeError):
-        return os.cpu_count() or 1
+        from verl_compat.detect import host
+
+        return host().cpu_count or 1
 
 
 def _select(config: Any, key: str, default: Any = None) -> Any:

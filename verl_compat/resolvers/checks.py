@@ -22,6 +22,8 @@ def requires(profile: DeviceProfile, name: str, what: str = "", **label_fields: 
     req = requirement(name)
     label = req.label.format(**label_fields) if label_fields else req.label
     reasons = needs_cc(profile, req.min_cc, label) if req.min_cc else []
+    if not reasons and req.shared_memory:
+        reasons = needs_shared_memory(profile, req.shared_memory, label)
     if not reasons and req.triton and name != "triton":
         reasons = package_known_unusable(profile, "triton", label)
     if not reasons and req.package:
@@ -56,6 +58,23 @@ def needs_cc(profile: DeviceProfile, minimum: tuple[int, int], what: str = "", *
             )
         ]
     return []
+
+
+def needs_shared_memory(profile: DeviceProfile, needed: int, what: str = "") -> list[Reason]:
+    """Reason when a kernel needs more opt-in shared memory per block than the device has (Triton's
+    "out of resource: shared memory, Required: ..., Hardware limit: ..."). Unknown device figure: no reason."""
+    have = profile.shared_memory_per_block_optin
+    if have is None or have >= needed:
+        return []
+    prefix = f"{what} " if what else ""
+    return [
+        hard(
+            "shared_memory",
+            f"{prefix}needs {needed // 1024} KiB of shared memory per block, device has {have // 1024} KiB",
+            have,
+            needed,
+        )
+    ]
 
 
 def needs_package(profile: DeviceProfile, name: str, what: str = "") -> list[Reason]:
