@@ -51,7 +51,7 @@ def resolve_attention(request: Request, profile: DeviceProfile, registry: Regist
 
 def _rmpad_on_reasons(ctx: Context) -> list[Reason]:
     attn = ctx.fact("attention")
-    if attn in FLASH_IMPLEMENTATIONS or ctx.profile.is_ampere_or_newer:
+    if attn in FLASH_IMPLEMENTATIONS:
         return []
     return [
         soft(

@@ -126,7 +126,7 @@ MASTER_OPTIONS: tuple[Option, ...] = (
 def _follows_train(value: str):
     def check(ctx: Context) -> list[Reason]:
         train = ctx.fact("train_dtype")
-        if train is not None and train != value and not ctx.profile.is_ampere_or_newer:
+        if train is not None and train != value:
             return [
                 soft(
                     "differs_from_train",
