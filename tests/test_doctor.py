@@ -258,3 +258,20 @@ def test_host_section_is_the_machine_used() -> None:
     assert host["cpu_count"] >= 1 and host["memory_bytes"] > 0
     if CPU_TORCH and not host["accelerator"]:
         assert host["real_device"] == "cpu" and host["accelerator_via"] is None
+
+
+def test_a_new_section_is_one_entry(monkeypatch: pytest.MonkeyPatch) -> None:
+    def memory_plan(profile):
+        return {"card memory": profile.describe(), "budget_gib": 20}
+
+    def broken(profile):
+        raise RuntimeError("no plan")
+
+    monkeypatch.setitem(doctor.EXTRA_SECTIONS, "memory_plan", memory_plan)
+    monkeypatch.setitem(doctor.EXTRA_SECTIONS, "broken_plan", broken)
+    monkeypatch.setenv(ENV_VAR, "p40")
+    report = doctor.build_report()
+    assert report["memory_plan"] == {"card memory": "p40 (sm_61, 22.4 GiB, simulated)", "budget_gib": 20}
+    assert "Could not collect" in report["broken_plan"]["error"]
+    text = doctor.render_text(report)
+    assert "== Memory plan ==" in text and "budget_gib:" in text and "no plan" in text

@@ -5,8 +5,8 @@ printer and `--explain` render that same record, and anything that cannot be rea
 instead of crashing. Device and torch facts come from the profile (detect), plugin state from the plugin loader,
 decisions from the resolvers: the doctor decides nothing itself. Imports neither verl nor ray.
 
-A new section is a function `(profile) -> dict` added to `SECTIONS` plus, for the text report, a renderer in
-`TEXT_SECTIONS` (both optional to the other sections).
+A new section is one entry in `EXTRA_SECTIONS` (name -> `(profile) -> dict`): it lands in the record under its
+name (a failure becomes "Could not collect") and the text report prints it as key: value lines.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Callable
 from importlib import metadata
 from typing import Any
 
@@ -50,6 +51,9 @@ ENV_PREFIXES = (
 )
 SECRET_TERMS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH", "PRIVATE")
 DETECTED = "(detected)"  # Decision.key for detection-only entries: they fill no config key
+
+# Further sections, in order: name -> function of the profile returning a JSON-serialisable dict.
+EXTRA_SECTIONS: dict[str, Callable[[DeviceProfile], dict[str, Any]]] = {}
 
 
 # report sections ------------------------------------------------------------------------------------------------
@@ -253,6 +257,7 @@ def build_report(
         "packages": _section(packages_section, profile),
         "env": _section(env_section),
         "plugins": _section(plugins_section),
+        **{name: _section(fn, profile) for name, fn in EXTRA_SECTIONS.items()},
         "errors": [],
     }
     caps = _section(detection_policy, profile)
@@ -371,6 +376,11 @@ def render_text(report: dict[str, Any]) -> str:
         how = "default" if d.get("defaulted") else "requested"
         lines.append(f"{cat} = {d.get('value')!r} ({how})")
         lines.extend(f"    {r}" for r in d.get("reasons", []))
+
+    for name in EXTRA_SECTIONS:
+        header(name.replace("_", " ").capitalize())
+        for key, value in (report.get(name) or {}).items():
+            kv(key, value)
 
     header("Environment variables")
     env = report.get("env") or {}
