@@ -51,6 +51,7 @@ def _engine_kwargs(config: Any) -> dict[str, Any]:
         "max_batch_size": int(hf_kwargs.get("max_batch_size", min(config.max_num_seqs, DEFAULT_MAX_BATCH_SIZE))),
         "max_batch_tokens": hf_kwargs.get("max_batch_tokens"),
         "batch_window_s": float(hf_kwargs.get("batch_window_s", DEFAULT_BATCH_WINDOW_S)),
+        **({"kv_cache_bytes": int(hf_kwargs["kv_cache_bytes"])} if "kv_cache_bytes" in hf_kwargs else {}),
     }
 
 
@@ -144,6 +145,8 @@ class HFServer:
             dummy=dummy,
             trust_remote_code=mc.trust_remote_code,
             tensor_parallel_size=self.config.tensor_model_parallel_size,
+            # CUDA graphs unless rollout.enforce_eager (as for vLLM); the engine is always eager on a CPU.
+            enforce_eager=bool(self.config.enforce_eager),
             **_engine_kwargs(self.config),
         )
 
@@ -253,6 +256,7 @@ class HFServer:
         freed = 0
         storage = self._weight_state()[1]
         if not storage.released and self._discards_weights():
+            await self.wait_for_requests_to_drain()  # no batch may read the weights while they are freed
             freed = storage.release()
         await self.engine.sleep()
         stats.record("rollout_sleep", discarded_bytes=freed, memory=stats.device_memory(self.engine.device))
