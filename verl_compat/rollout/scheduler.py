@@ -69,6 +69,7 @@ class SlotScheduler:
         self.batch_log: list[tuple[str, ...]] = []
         self.events: list[tuple[int, str, str, int]] = []
         self.steps = 0  # decode steps run so far
+        self.prefill_rows = 0  # prompt rows prefilled so far (a prompt shared by n requests counts once)
         self.abort = threading.Event()
         self.rows: dict[int, _Row] = {}
         self._remaining: dict[int, int] = {}  # slot -> tokens it may still generate, as of the last check
@@ -140,7 +141,7 @@ class SlotScheduler:
             b = bucket_for(top, self.runner.sizes)
             mode = mode_for([row.request.spec for row in self.rows.values()])
             # Host view of the counts (exact as of the last check): no row can end by length before this.
-            n = max(1, min(self.check_every, self._min_remaining))
+            n = min(self.check_every, self._min_remaining)
             for _ in range(n):
                 self.runner.step(b, mode)
             self.steps += n
@@ -179,7 +180,8 @@ class SlotScheduler:
 
     @property
     def _min_remaining(self) -> int:
-        return min(self._remaining.get(s, 1) for s in self.rows)
+        # 0 when a row may already be done (first token was a stop token, or max_tokens=1): check first.
+        return min(self._remaining[s] for s in self.rows)
 
     @torch.no_grad()
     def _prefill(self, new: list[Any]) -> None:
@@ -202,13 +204,15 @@ class SlotScheduler:
             chunk.append(prompt)
         if chunk:
             self._prefill_chunk(chunk, groups)
-        self._remaining.update({slot: r.spec.max_tokens - 1 for rows in groups.values() for r, slot in rows})
+        # A row may have stopped on its first token: 0 makes the loop check before stepping.
+        self._remaining.update({slot: 0 for rows in groups.values() for _, slot in rows})
 
     @torch.no_grad()
     def _prefill_chunk(self, prompts: list[tuple[int, ...]], groups) -> None:
         st, cache, device = self.state, self.cache, self.device
         width = max(len(p) for p in prompts)
         u = len(prompts)
+        self.prefill_rows += u
         ids = torch.full((u, width), self.pad_token_id, dtype=torch.long)
         lengths = torch.tensor([len(p) for p in prompts], dtype=torch.long)
         for i, p in enumerate(prompts):
