@@ -23,6 +23,7 @@ RUN_TIMEOUT_S = 900  # misconfigurations hang silently in Ray; never let one eat
 
 def _run(algo: str, home: Path, out: Path, steps: int, metrics: Path, *extra: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, RAY_AUTH_MODE="disabled", HF_HUB_OFFLINE="1", VERL_FILE_LOGGER_PATH=str(metrics))
+    env["VERL_COMPAT_ROLLOUT_STATS"] = str(metrics.with_suffix(".rollout.jsonl"))  # the server's per-step records
     cmd = [sys.executable, "-m", "verl_compat.cli", "quickstart", "--algo", algo, "--model", "tiny"]
     cmd += ["--steps", str(steps), "--home", str(home), "--out", str(out), "--train-size", "64", "--val-size", "8"]
     cmd += ["trainer.logger=[console,file]", *extra]
@@ -36,6 +37,10 @@ def _run(algo: str, home: Path, out: Path, steps: int, metrics: Path, *extra: st
 def _steps(metrics: Path) -> list[dict]:
     rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
     return [r for r in rows if "step" in r and "data" in r]
+
+
+def _records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def _assert_finite(row: dict) -> None:
@@ -56,6 +61,13 @@ def test_train_two_steps_then_resume(algo, tmp_path_factory):
         assert "actor/pg_loss" in r["data"] and "critic/score/mean" in r["data"]
         if algo == "ppo":
             assert "critic/vf_loss" in r["data"], "PPO must train its critic"
+    if algo == "grpo":
+        # No fixed waits (patches/0013): step 2's generation time is the engine's own time for the batch plus a
+        # small overhead, not rounded up to the replay buffer's old 2 s poll quantum (which left gen - engine
+        # anywhere in 0..2 s, e.g. 1.7 s for a 0.3 s batch).
+        batches = [r for r in _records(first.with_suffix(".rollout.jsonl")) if r["kind"] == "rollout_batch"]
+        gen, engine_span = rows[1]["data"]["timing_s/gen"], batches[1]["engine_span_s"]
+        assert gen - engine_span < 0.5, f"step 2: gen {gen:.2f}s, engine {engine_span:.2f}s: a fixed wait is back"
     ckpt = out / algo
     assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
     assert any((ckpt / "global_step_2" / "actor").iterdir())
