@@ -41,9 +41,8 @@ def _trained(path):
 async def _sync(server, model, bucket_bytes: int):
     info = await server.weight_sync_info()
     sender = BucketSender(bucket_bytes, max_total_numel=info["total_numel"])
-    report = await sender.send(iter(model.state_dict().items()), server.receive_bucket)
-    received = await server.finish_weight_sync()
-    return report, received
+    report = await sender.send(iter(model.state_dict().items()), server.receive_bucket, server.finish_weight_sync)
+    return report, report.received
 
 
 async def test_shared_memory_sync_arrives_equal(dirs, monkeypatch):

@@ -79,8 +79,11 @@ async def test_cuda_ipc_sync_and_discarding_sleep(tmp_path):
         async def deliver(meta):
             return await _call(parent, "receive_bucket", meta=meta)
 
-        report = await sender.send(on_gpu, deliver)
-        received = await _call(parent, "finish_weight_sync")
+        async def finish():
+            return await _call(parent, "finish_weight_sync")
+
+        report = await sender.send(on_gpu, deliver, finish)
+        received = report.received
         assert report.transport == CUDA_IPC and received["transports"] == [CUDA_IPC]
         assert report.buckets > 2 and report.direct >= 1, "the embedding is above the bucket: its own handle"
         assert received["weight_bytes_on_device"] == awake["weights_on_device"], "one copy of the weights"

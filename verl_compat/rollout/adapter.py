@@ -105,13 +105,12 @@ class HFServerAdapter(BaseRollout):
         if self._sync_info is None:
             self._sync_info = await server.weight_sync_info.remote()
         sender = BucketSender(_bucket_megabytes(self.config) << 20, max_total_numel=self._sync_info["total_numel"])
-        report = await sender.send(weights, server.receive_bucket.remote)
-        received = await server.finish_weight_sync.remote()
+        report = await sender.send(weights, server.receive_bucket.remote, server.finish_weight_sync.remote)
         await server.clear_kv_cache.remote()
         if global_steps is not None:
             await server.set_global_steps.remote(global_steps)
         self.last_sync = report
-        stats.record("trainer_weights_sent", global_steps=global_steps, **report.to_dict(), server=received)
+        stats.record("trainer_weights_sent", global_steps=global_steps, **report.to_dict())
         if self.replica_rank == 0:
             logger.info(
                 "hf rollout update_weights: %d tensors, %.0f MiB via %s in %d bucket(s), %.3fs",

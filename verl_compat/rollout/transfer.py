@@ -75,6 +75,7 @@ class SyncReport:
     direct: int = 0  # tensors larger than the bucket, shared without staging (cuda_ipc) or in their own segment
     bucket_bytes: int = 0
     seconds: float = 0.0
+    received: Any = None  # what the receiver's finish() returned
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -135,8 +136,14 @@ class BucketSender:
         self.max_total_numel = max_total_numel  # the receiver's model size: no bucket larger than the whole model
 
     async def send(
-        self, weights: Iterable[tuple[str, torch.Tensor]], deliver: Callable[[dict], Awaitable[Any]]
+        self,
+        weights: Iterable[tuple[str, torch.Tensor]],
+        deliver: Callable[[dict], Awaitable[Any]],
+        finish: Callable[[], Awaitable[Any]] | None = None,
     ) -> SyncReport:
+        """Send every tensor; ``finish()`` (the receiver closing its segments) is awaited before the buckets are
+        freed, so CUDA IPC blocks are released at once instead of waiting in torch's IPC limbo. Its result is
+        ``report.received``."""
         start = time.perf_counter()
         report: SyncReport | None = None
         bucket: _Segment | None = None
@@ -180,6 +187,8 @@ class BucketSender:
                 return SyncReport(transport="none", seconds=time.perf_counter() - start)
             if entries:
                 await flush(bucket, entries, last=True)
+            if finish is not None:
+                report.received = await finish()
         finally:
             if bucket is not None:
                 bucket.close()
