@@ -163,3 +163,33 @@ def test_per_row_sampling_params_in_one_batch():
     torch.testing.assert_close(torch.tensor(r["t07"].log_probs), lp, atol=1e-4, rtol=0)
     assert r["rep"].token_ids == reference(model, prompt, 10, repetition_penalty=1.5)
     assert r["rep"].log_probs is None and len(r["short"].token_ids) == 3
+
+
+def test_fast_decode_matches_the_models_own_forward():
+    """The few-kernel Llama/Qwen2 decode step against the HF forward through the same slot cache."""
+    sampled = {"temperature": 0.8, "max_tokens": 16, "logprobs": True, "ignore_eos": True}
+    for model in (tiny_llama(), tiny_qwen_tied()):
+        fast, slow = engine_for(model), engine_for(model)
+        slow.scheduler.fast_decode = False
+        jobs = [(f"s{i}", p, {**sampled, "seed": i}) for i, p in enumerate(PROMPTS)]
+
+        async def run(engine, jobs=jobs):
+            return await asyncio.gather(*[engine.generate(p, params, rid) for rid, p, params in jobs])
+
+        a, b = asyncio.run(run(fast)), asyncio.run(run(slow))
+        assert fast.scheduler.runner.fast is not None and slow.scheduler.runner.fast is None
+        assert [r.token_ids for r in a] == [r.token_ids for r in b]
+        for x, y in zip(a, b, strict=True):
+            torch.testing.assert_close(torch.tensor(x.log_probs), torch.tensor(y.log_probs), atol=1e-5, rtol=0)
+
+
+def test_other_architectures_use_their_own_forward():
+    from tiny_configs import tiny_config
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(0)
+    model = MistralForCausalLM(tiny_config(MistralConfig, sliding_window=None)).eval()
+    engine = engine_for(model)
+    result = asyncio.run(engine.generate(PROMPTS[0], full(12), "m"))
+    assert engine.scheduler.runner.fast is None
+    assert result.token_ids == reference(model, PROMPTS[0], 12)

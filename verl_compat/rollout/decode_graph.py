@@ -17,6 +17,7 @@ import logging
 import torch
 
 from verl_compat.rollout.device_sampling import SlotState, choose, commit
+from verl_compat.rollout.fast_decode import FastDecoder
 from verl_compat.rollout.kv_cache import SlotKVCache, decode_mask
 
 logger = logging.getLogger("verl_compat.rollout.decode_graph")
@@ -36,8 +37,10 @@ def bucket_for(rows: int, sizes: list[int]) -> int:
 
 
 class DecodeRunner:
-    def __init__(self, model, cache: SlotKVCache, state: SlotState, use_graphs: bool):
+    def __init__(self, model, cache: SlotKVCache, state: SlotState, use_graphs: bool, fast: bool = True):
         self.model = model
+        # Few-kernel forward for Llama-style models; any other model runs its own HF forward through the cache.
+        self.fast = FastDecoder.for_model(model) if fast else None
         self.cache = cache
         self.state = state
         self.use_graphs = bool(use_graphs) and cache.data.device.type == "cuda"
@@ -66,15 +69,18 @@ class DecodeRunner:
         pos = st.pos[:b]
         cache.for_decode(b, pos)
         mask = decode_mask(pos, cache.max_len + 1, cache.data.dtype)
-        out = self.model(
-            input_ids=st.tok[:b].unsqueeze(1),
-            position_ids=pos.unsqueeze(1),
-            attention_mask=mask,
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
-        tok, lp = choose(st, out.logits[:, -1], slice(0, b), mode)
+        if self.fast is not None:
+            logits = self.fast(cache, st.tok[:b], pos, mask)
+        else:
+            logits = self.model(
+                input_ids=st.tok[:b].unsqueeze(1),
+                position_ids=pos.unsqueeze(1),
+                attention_mask=mask,
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=1,
+            ).logits[:, -1]
+        tok, lp = choose(st, logits, slice(0, b), mode)
         commit(st, slice(0, b), tok, lp)
 
     def step(self, b: int, mode: str) -> None:

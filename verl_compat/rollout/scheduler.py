@@ -56,8 +56,10 @@ class SlotScheduler:
         check_every: int = 8,
         prefill_tokens: int = 8192,
         kv_cache_bytes: int | None = None,
+        fast_decode: bool = True,
     ):
         self.model = model
+        self.fast_decode = fast_decode
         self.eos_token_ids = eos_token_ids
         self.pad_token_id = pad_token_id
         self.max_slots = int(max_slots)
@@ -114,13 +116,14 @@ class SlotScheduler:
                 if slots == 1:
                     raise
                 slots = max(1, slots // 2)
-        self.runner = DecodeRunner(self.model, self.cache, self.state, self.use_graphs)
+        self.runner = DecodeRunner(self.model, self.cache, self.state, self.use_graphs, fast=self.fast_decode)
         logger.info(
-            "hf rollout KV cache: %d slots x %d tokens, %.1f MiB%s",
+            "hf rollout KV cache: %d slots x %d tokens, %.1f MiB; decode: %s, %s",
             slots,
             max_len,
             self.cache.nbytes / 2**20,
-            " (CUDA graphs)" if self.runner.use_graphs else "",
+            "CUDA graphs" if self.runner.use_graphs else "eager",
+            "fast Llama-style forward" if self.runner.fast is not None else "the model's own forward",
         )
 
     # ------------------------------------------------------------------ the loop
