@@ -161,13 +161,14 @@ def run_generate_batch(model, prompts, new_tokens: int, graphs: bool):
     return [out[k].generated_tokens for k in sorted(out, key=lambda k: int(k.split("_")[-1]))]
 
 
-def engine_variant(row: dict, name: str, eager: bool, ref, prompts, expected, tol: float) -> None:
+def engine_variant(row: dict, name: str, eager: bool, ref, prompts, expected, tol: float, fast: bool) -> None:
     from verl_compat.rollout.engine import HFGenerationEngine
 
     engine = HFGenerationEngine(copy.deepcopy(ref), device="cuda", enforce_eager=eager, max_batch_size=max(BATCHES))
+    engine.scheduler.fast_decode = fast  # False: the model's own HF forward through the slot cache
     greedy = engine_run(engine, prompts, lambda i, n: {"temperature": 0, "max_tokens": n, "ignore_eos": True})
     row[f"{name}_ms"], _ = per_step_ms(greedy)
-    if eager:
+    if eager or not fast:
         return
     results = greedy(NEW)
     row["greedy"] = greedy_checks(ref, prompts, [r.token_ids for r in results], expected, tol)
@@ -189,9 +190,10 @@ def engine_variant(row: dict, name: str, eager: bool, ref, prompts, expected, to
     row["sampled_logprob_tol"] = tol
     row["graphs_captured"] = engine.scheduler.runner.captures
     row["kv_cache_MiB"] = engine.scheduler.cache.nbytes / 2**20
+    row["decode_path"] = "fast Llama-style step" if engine.scheduler.runner.fast is not None else "HF forward"
 
 
-def one_profile(profile: str) -> dict:
+def one_profile(profile: str, library: bool = True) -> dict:
     os.environ["VERL_COMPAT_DEVICE"] = profile
     from transformers import GenerationConfig, Qwen2ForCausalLM
 
@@ -236,9 +238,14 @@ def one_profile(profile: str) -> dict:
         row["generate_ms"], _ = per_step_ms(gen)
         expected = gen(NEW)[:, PROMPT:].tolist()
 
-        for name, eager in (("engine_graphs", False), ("engine_eager", True)):
+        variants = (
+            ("engine_graphs", False, True),
+            ("engine_graphs_hf_forward", False, False),
+            ("engine_eager", True, True),
+        )
+        for name, eager, fast in variants:
             try:
-                engine_variant(row, name, eager, ref, prompts, expected, tol)
+                engine_variant(row, name, eager, ref, prompts, expected, tol, fast)
             except Exception as exc:  # noqa: BLE001 - recorded, the other variants still run
                 row[f"{name}_error"] = f"{type(exc).__name__}: {exc}"[:300]
                 import traceback
@@ -246,7 +253,7 @@ def one_profile(profile: str) -> dict:
                 traceback.print_exc()
             torch.cuda.empty_cache()
 
-        for name, graphs in (("generate_batch", False), ("generate_batch_graphs", True)):
+        for name, graphs in (("generate_batch", False), ("generate_batch_graphs", True)) if library else ():
             cb_model = copy.deepcopy(ref)
             try:
                 row[f"{name}_ms"], _ = per_step_ms(
@@ -298,14 +305,20 @@ def main() -> int:
     ap.add_argument("--out", default="benchmarks/results/rollout_decode_h200.json")
     ap.add_argument("--profiles", default="p40,v100")
     ap.add_argument("--one", help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--skip-library", action="store_true", help="leave out transformers' generate_batch (measured separately)"
+    )
     args = ap.parse_args()
     if args.one:
-        print("RESULT " + json.dumps(one_profile(args.one)))
+        print("RESULT " + json.dumps(one_profile(args.one, library=not args.skip_library)))
         return 0
     results = {}
     for profile in args.profiles.split(","):
         proc = subprocess.run(
-            [sys.executable, __file__, "--one", profile], capture_output=True, text=True, env=dict(os.environ)
+            [sys.executable, __file__, "--one", profile, *(["--skip-library"] if args.skip_library else [])],
+            capture_output=True,
+            text=True,
+            env=dict(os.environ),
         )
         line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
         results[profile] = json.loads(line[7:]) if line else {"error": proc.stderr[-2000:]}
