@@ -161,6 +161,24 @@ def run_generate_batch(model, prompts, new_tokens: int, graphs: bool):
     return [out[k].generated_tokens for k in sorted(out, key=lambda k: int(k.split("_")[-1]))]
 
 
+def kernel_stats(engine, prompts) -> dict:
+    """CUDA kernels per decode step and their summed device time (profiler over an eager run of 33 tokens minus
+    one of 1 token): with graphs the step costs about this kernel time, so it says what bounds the step."""
+    from torch.profiler import ProfilerActivity, profile
+
+    run = engine_run(engine, prompts, lambda i, n: {"temperature": 0, "max_tokens": n, "ignore_eos": True})
+
+    def measure(n):
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            run(n)
+            torch.cuda.synchronize()
+        kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+        return len(kernels), sum(getattr(e, "device_time", 0) for e in kernels)
+
+    (k1, t1), (k2, t2) = measure(1), measure(33)
+    return {"kernels_per_step": (k2 - k1) / 32, "kernel_us_per_step": (t2 - t1) / 32}
+
+
 def engine_variant(row: dict, name: str, eager: bool, ref, prompts, expected, tol: float, fast: bool) -> None:
     from verl_compat.rollout.engine import HFGenerationEngine
 
@@ -168,6 +186,11 @@ def engine_variant(row: dict, name: str, eager: bool, ref, prompts, expected, to
     engine.scheduler.fast_decode = fast  # False: the model's own HF forward through the slot cache
     greedy = engine_run(engine, prompts, lambda i, n: {"temperature": 0, "max_tokens": n, "ignore_eos": True})
     row[f"{name}_ms"], _ = per_step_ms(greedy)
+    if eager and fast:
+        try:
+            row["eager_step_kernels"] = kernel_stats(engine, prompts)
+        except Exception as exc:  # noqa: BLE001 - a diagnostic only
+            row["eager_step_kernels"] = {"error": f"{type(exc).__name__}: {exc}"[:200]}
     if eager or not fast:
         return
     results = greedy(NEW)
@@ -290,6 +313,12 @@ def table(results: dict) -> str:
                 lines.append(f"  {batch:>5} | {v:<23} | {row[key]:7.3f} | {row[v + '_x_floor']:6.1f}")
             for key in [k for k in row if k.endswith("_error")]:
                 lines.append(f"  {batch:>5} | {key[:-6]:<23} | error: {row[key][:80]}")
+            ks = row.get("eager_step_kernels", {})
+            if "kernels_per_step" in ks:
+                lines.append(
+                    f"  {batch:>5} | kernels per step {ks['kernels_per_step']:.0f}, "
+                    f"summed kernel time {ks['kernel_us_per_step'] / 1000:.3f} ms"
+                )
             gr = row.get("greedy", {})
             lines.append(
                 f"  {batch:>5} | greedy vs generate: {gr.get('rows_exact')}/{gr.get('rows')} rows exact, "

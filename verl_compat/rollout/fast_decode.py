@@ -66,7 +66,11 @@ class FastDecoder:
         # rotate_half(q) * sin == roll(q, d/2) * cat(-sin1, sin2)
         sin = torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
         mask3 = mask.expand(b, kv, group, width).reshape(b * kv, group, width)
+        # Flat row index of (slot, kv head, pos) in a layer's [slots, kv, width, d] cache, shared by all layers:
+        # one index_copy_ per write instead of an advanced-index put.
+        heads = torch.arange(kv, device=tok.device)
         rows = torch.arange(b, device=tok.device)
+        flat = ((rows.unsqueeze(1) * kv + heads) * width + pos.unsqueeze(1)).reshape(-1)
         for i, layer in enumerate(base.layers):
             attn, mlp = layer.self_attn, layer.mlp
             y = F.rms_norm(x, (self.hidden,), layer.input_layernorm.weight, _eps(layer.input_layernorm))
@@ -76,8 +80,8 @@ class FastDecoder:
             q = torch.addcmul(q * cos, q.roll(half, dims=-1), sin)
             k = torch.addcmul(k * cos, k.roll(half, dims=-1), sin)
             k_cache, v_cache = cache.data[i, 0], cache.data[i, 1]
-            k_cache[rows, :, pos] = k
-            v_cache[rows, :, pos] = v
+            k_cache.view(-1, d).index_copy_(0, flat, k.reshape(-1, d))
+            v_cache.view(-1, d).index_copy_(0, flat, v.reshape(-1, d))
             keys = k_cache[:b].view(b * kv, width, d)
             scores = torch.baddbmm(mask3, q.view(b * kv, group, d), keys.transpose(1, 2), alpha=attn.scaling)
             probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype)
