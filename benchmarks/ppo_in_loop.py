@@ -83,6 +83,9 @@ def analyse(result: dict[str, Any]) -> dict[str, Any]:
         "per_step": per_step,
         "update_weights_s_median_after_first": _median([s["update_weights_s"] for s in later if s["update_weights_s"]]),
         "update_weights_target_met": bool(update) and max(update[1:] or update) <= UPDATE_WEIGHTS_TARGET_S,
+        # the transport alone (trainer side: stage + server copies), inside update_weights, which also holds
+        # waking the rollout and, with parameter offload, moving the actor between host and card
+        "sync_transport_s_median_after_first": _median([r["seconds"] for r in syncs[1:]]),
         "sync": [
             {k: r.get(k) for k in ("transport", "tensors", "bytes", "buckets", "direct", "bucket_bytes", "seconds")}
             for r in syncs
@@ -117,6 +120,7 @@ def print_table(reports: list[dict[str, Any]]) -> None:
     rows = [
         ("update_weights s (median 2+)", "update_weights_s_median_after_first"),
         ("update_weights <= 0.2 s", "update_weights_target_met"),
+        ("  of which transport s", "sync_transport_s_median_after_first"),
         ("gen s (median 2+)", "gen_s_median_after_first"),
         ("gen / engine span (max 2+)", "gen_over_engine_max_after_first"),
         ("gen within 10% of engine", "gen_within_10pct_of_engine"),
