@@ -193,3 +193,15 @@ def test_other_architectures_use_their_own_forward():
     result = asyncio.run(engine.generate(PROMPTS[0], full(12), "m"))
     assert engine.scheduler.runner.fast is None
     assert result.token_ids == reference(model, PROMPTS[0], 12)
+
+
+def test_models_without_full_attention_are_refused_at_start_up():
+    import pytest
+    from tiny_configs import tiny_config
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from verl_compat.errors import IncompatibleRequestError
+
+    model = Qwen2ForCausalLM(tiny_config(Qwen2Config, use_sliding_window=True, sliding_window=4, max_window_layers=0))
+    with pytest.raises(IncompatibleRequestError, match="actor_rollout_ref.rollout.name='hf'.*sliding_attention"):
+        HFGenerationEngine(model)

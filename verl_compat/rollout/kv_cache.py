@@ -43,6 +43,8 @@ AttentionInterface.register(ATTENTION_NAME, slot_attention)
 
 def check_supported(config: PretrainedConfig) -> None:
     """The slot cache assumes full causal attention in every layer and plain softmax attention."""
+    from verl_compat.errors import IncompatibleRequestError
+
     text = getattr(config, "text_config", None) or config
     layer_types = set(getattr(text, "layer_types", None) or ["full_attention"])
     unsupported = layer_types - {"full_attention"}
@@ -51,10 +53,13 @@ def check_supported(config: PretrainedConfig) -> None:
     if getattr(text, "attn_logit_softcapping", None) or getattr(text, "final_logit_softcapping", None):
         unsupported.add("logit softcapping")
     if unsupported:
-        raise NotImplementedError(
-            f"the hf rollout engine's static KV cache supports full causal attention only; the model "
-            f"({type(config).__name__}) uses {sorted(unsupported)}. Use a model without them, or "
-            f"actor_rollout_ref.rollout.name=vllm on a device that runs vLLM"
+        raise IncompatibleRequestError(
+            key="actor_rollout_ref.rollout.name",
+            value="hf",
+            device=f"the model in actor_rollout_ref.model.path ({type(config).__name__})",
+            reason=f"the hf rollout engine's static KV cache supports full causal attention only; the model uses "
+            f"{sorted(unsupported)}",
+            fix="use a model with full attention in every layer, or rollout.name=vllm on a device that runs vLLM",
         )
 
 

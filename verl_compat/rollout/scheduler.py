@@ -100,7 +100,11 @@ class SlotScheduler:
         budget = self.kv_cache_bytes
         if budget is None:
             if self.device.type == "cuda":
-                free, _total = torch.cuda.mem_get_info(self.device)
+                free, total = torch.cuda.mem_get_info(self.device)
+                # A per-process cap (a simulated card) limits this process below what the device reports free.
+                fraction = getattr(torch.cuda, "get_per_process_memory_fraction", lambda _device: 1.0)
+                capped = fraction(self.device) * total
+                free = min(free, max(0, int(capped) - torch.cuda.memory_reserved(self.device)))
                 budget = int(free * 0.4)
             else:
                 budget = 4 << 30
