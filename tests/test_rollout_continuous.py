@@ -56,6 +56,7 @@ def test_short_request_returns_while_long_runs_and_its_slot_is_refilled():
     assert admit(engine, "third")[1] == admit(engine, "short")[1]  # the freed slot took the waiting request
     assert finish_step(engine, "short") <= admit(engine, "third")[0] < finish_step(engine, "long")
     assert finish_step(engine, "third") < finish_step(engine, "long")
+    assert engine.scheduler.runs[-1]["requests"] == 3 and engine.scheduler.runs[-1]["steps"] >= 199
     for prompt, result, n in ((PROMPTS[1], s, 3), (PROMPTS[2], t, 5), (PROMPTS[0], long, 200)):
         assert result.token_ids == reference(model, prompt, n) and result.finish_reason == "length"
 

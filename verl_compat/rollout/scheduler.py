@@ -17,6 +17,7 @@ import collections
 import logging
 import math
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -72,6 +73,8 @@ class SlotScheduler:
         self.events: list[tuple[int, str, str, int]] = []
         self.steps = 0  # decode steps run so far
         self.prefill_rows = 0  # prompt rows prefilled so far (a prompt shared by n requests counts once)
+        # One entry per busy period (run): wall seconds, decode steps and requests served; the engine's own time.
+        self.runs: list[dict[str, float]] = []
         self.abort = threading.Event()
         self.rows: dict[int, _Row] = {}
         self._remaining: dict[int, int] = {}  # slot -> tokens it may still generate, as of the last check
@@ -139,10 +142,14 @@ class SlotScheduler:
         """Serve until no request is running or waiting. ``deliver(request, reason, tokens, logprobs)``."""
         if self.runner is not None:
             self.runner.check_weights()
+        start, steps, admitted = time.perf_counter(), self.steps, len(self.events)
         while True:
             self._admit(pending)
             if not self.rows:
                 self.abort.clear()  # an abort only ever concerns the rows running when it came
+                served = sum(1 for e in self.events[admitted:] if e[1] == "finish")
+                wall = time.perf_counter() - start
+                self.runs.append({"wall_s": wall, "steps": self.steps - steps, "requests": served})
                 return
             top = max(self.rows) + 1
             b = bucket_for(top, self.runner.sizes)
