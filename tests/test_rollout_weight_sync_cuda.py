@@ -51,7 +51,11 @@ async def _call(conn, method: str, **kwargs):
     return result
 
 
-async def test_cuda_ipc_sync_and_discarding_sleep(tmp_path):
+def test_cuda_ipc_sync_and_discarding_sleep(tmp_path):
+    asyncio.run(_ipc_sync_and_discarding_sleep(tmp_path))  # plain asyncio: the GPU machine has no pytest-asyncio
+
+
+async def _ipc_sync_and_discarding_sleep(tmp_path):
     from transformers import AutoModelForCausalLM
 
     from verl_compat.rollout.transfer import CUDA_IPC, BucketSender
