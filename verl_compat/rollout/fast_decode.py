@@ -4,9 +4,10 @@ modules and weights (so weight sync and sleep/wake see no difference).
 Why: in a CUDA graph replay at small batch the step costs about one kernel's minimum time per kernel, not the
 weight read (benchmarks/results: the HF forward through the slot cache was kernel-bound at ~3.4 ms/step for the
 Qwen2.5-0.5B shape in fp32 and fp16 alike). Without Triton (a P40 has none) the lever is fewer kernels, using
-torch's own fused ops: ``F.rms_norm``; residual adds folded into ``addmm``; RoPE as one multiply plus one
-``addcmul`` with a sign-folded sine over a rolled copy; attention scores with the mask added by ``baddbmm`` over the
-grouped query heads (no repeated K/V). Same math as the HF modules; the engine's tests compare the two.
+torch's own fused ops: ``F.rms_norm``; residual adds folded into ``addmm``; RoPE as one batched matmul with a
+per-row rotation matrix built once per step; cache writes as one ``index_copy_`` each; attention scores with the
+mask added by ``baddbmm`` over the grouped query heads (no repeated K/V). Same math as the HF modules; the
+engine's tests compare the two.
 """
 
 from __future__ import annotations
@@ -62,9 +63,7 @@ class FastDecoder:
         group, width = h // kv, cache.max_len + 1
         x = base.embed_tokens(tok)  # [b, hidden]
         cos, sin = base.rotary_emb(x.unsqueeze(1), pos.unsqueeze(1))  # [b, 1, d]
-        half = d // 2
-        # rotate_half(q) * sin == roll(q, d/2) * cat(-sin1, sin2)
-        sin = torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
+        rope = _rope_matrix(cos[:, 0], sin[:, 0])  # [b, d, d], built once per step for every layer
         mask3 = mask.expand(b, kv, group, width).reshape(b * kv, group, width)
         # Flat row index of (slot, kv head, pos) in a layer's [slots, kv, width, d] cache, shared by all layers:
         # one index_copy_ per write instead of an advanced-index put.
@@ -77,8 +76,7 @@ class FastDecoder:
             q = F.linear(y, attn.q_proj.weight, attn.q_proj.bias).view(b, h, d)
             k = F.linear(y, attn.k_proj.weight, attn.k_proj.bias).view(b, kv, d)
             v = F.linear(y, attn.v_proj.weight, attn.v_proj.bias).view(b, kv, d)
-            q = torch.addcmul(q * cos, q.roll(half, dims=-1), sin)
-            k = torch.addcmul(k * cos, k.roll(half, dims=-1), sin)
+            q, k = torch.bmm(q, rope), torch.bmm(k, rope)
             k_cache, v_cache = cache.data[i, 0], cache.data[i, 1]
             k_cache.view(-1, d).index_copy_(0, flat, k.reshape(-1, d))
             v_cache.view(-1, d).index_copy_(0, flat, v.reshape(-1, d))
@@ -96,6 +94,19 @@ class FastDecoder:
             x = _linear_residual(x, act, mlp.down_proj)
         x = F.rms_norm(x, (self.hidden,), base.norm.weight, _eps(base.norm))
         return self.model.lm_head(x)
+
+
+def _rope_matrix(cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """HF's RoPE, ``x * cos + rotate_half(x) * sin``, as ``x @ R`` with ``R = diag(cos) + P diag(sin)`` where
+    ``x @ P == rotate_half(x)``: one batched matmul per tensor and layer instead of three elementwise kernels.
+    Each output sums two nonzero products, as the elementwise form does."""
+    b, d = cos.shape
+    half = d // 2
+    eye = torch.eye(half, dtype=cos.dtype, device=cos.device)
+    zero = torch.zeros_like(eye)
+    # rotate_half(x) = cat(-x2, x1): x1 lands in the second half, -x2 in the first.
+    p = torch.cat([torch.cat([zero, eye], dim=1), torch.cat([-eye, zero], dim=1)], dim=0)
+    return torch.diag_embed(cos) + p.unsqueeze(0) * sin.unsqueeze(1)
 
 
 def _linear_residual(residual: torch.Tensor, x: torch.Tensor, linear) -> torch.Tensor:
