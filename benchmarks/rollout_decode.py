@@ -216,7 +216,7 @@ def engine_variant(row: dict, name: str, eager: bool, ref, prompts, expected, to
     row["decode_path"] = "fast Llama-style step" if engine.scheduler.runner.fast is not None else "HF forward"
 
 
-def one_profile(profile: str, library: bool = True) -> dict:
+def one_profile(profile: str, library: bool = True, eager_variant: bool = True) -> dict:
     os.environ["VERL_COMPAT_DEVICE"] = profile
     from transformers import GenerationConfig, Qwen2ForCausalLM
 
@@ -266,7 +266,7 @@ def one_profile(profile: str, library: bool = True) -> dict:
             ("engine_graphs_hf_forward", False, False),
             ("engine_eager", True, True),
         )
-        for name, eager, fast in variants:
+        for name, eager, fast in variants if eager_variant else variants[:2]:
             try:
                 engine_variant(row, name, eager, ref, prompts, expected, tol, fast)
             except Exception as exc:  # noqa: BLE001 - recorded, the other variants still run
@@ -334,17 +334,28 @@ def main() -> int:
     ap.add_argument("--out", default="benchmarks/results/rollout_decode_h200.json")
     ap.add_argument("--profiles", default="p40,v100")
     ap.add_argument("--one", help=argparse.SUPPRESS)
+    ap.add_argument("--no-eager", action="store_true", help="leave out the eager engine")
     ap.add_argument(
         "--skip-library", action="store_true", help="leave out transformers' generate_batch (measured separately)"
     )
     args = ap.parse_args()
     if args.one:
-        print("RESULT " + json.dumps(one_profile(args.one, library=not args.skip_library)))
+        print(
+            "RESULT "
+            + json.dumps(one_profile(args.one, library=not args.skip_library, eager_variant=not args.no_eager))
+        )
         return 0
     results = {}
     for profile in args.profiles.split(","):
         proc = subprocess.run(
-            [sys.executable, __file__, "--one", profile, *(["--skip-library"] if args.skip_library else [])],
+            [
+                sys.executable,
+                __file__,
+                "--one",
+                profile,
+                *(["--skip-library"] if args.skip_library else []),
+                *(["--no-eager"] if args.no_eager else []),
+            ],
             capture_output=True,
             text=True,
             env=dict(os.environ),
