@@ -136,7 +136,8 @@ class SlotScheduler:
     # ------------------------------------------------------------------ the loop
     @property
     def running(self) -> list[Any]:
-        return [row.request for row in self.rows.values()]
+        # list() copies in one C call under the GIL: safe while the worker thread changes the dict.
+        return [row.request for row in list(self.rows.values())]
 
     def run(self, pending: collections.deque, deliver: Callable[[Any, str, list[int], list[float] | None], None]):
         """Serve until no request is running or waiting. ``deliver(request, reason, tokens, logprobs)``."""
