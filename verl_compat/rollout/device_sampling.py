@@ -2,7 +2,7 @@
 
 Every slot carries its own sampling parameters as device tensors, so one step samples a whole batch of rows
 with different temperature / top-k / top-p / repetition penalty / seed in a fixed set of kernels (a CUDA graph
-can hold them). Semantics follow :class:`~verl_compat.rollout.sampling.BatchSampler` (vLLM's): greedy rows take
+can hold them). Semantics are vLLM's (as the engine's generate-based sampler had them): greedy rows take
 the argmax and report log-probs at temperature 1; top-k keeps ties with the k-th value; top-p drops the tail whose
 ascending cumulative mass is <= 1 - top_p, always keeping the most likely token; log-probs are those of the
 processed distribution.

@@ -181,7 +181,7 @@ class SlotScheduler:
             if request.future.done():  # cancelled by its caller
                 pending.popleft()
                 continue
-            cost = len(request.prompt_ids) + request.spec.max_tokens
+            cost = request.cost
             if cost > self.cache.max_len:
                 break  # waits until the running rows are done and the cache can grow
             if budget is not None and (new or self.rows) and cost > budget:
@@ -206,7 +206,7 @@ class SlotScheduler:
         groups: dict[tuple[int, ...], list[tuple[Any, int]]] = collections.defaultdict(list)
         for request, slot in zip(new, free, strict=False):
             groups[tuple(request.prompt_ids)].append((request, slot))
-            self.rows[slot] = _Row(request, slot, len(request.prompt_ids) + request.spec.max_tokens)
+            self.rows[slot] = _Row(request, slot, request.cost)
             self.events.append((self.steps, "admit", request.request_id, slot))
         self.batch_log.append(tuple(r.request_id for r in new))
 
