@@ -136,3 +136,18 @@ async def test_cpu_server_keeps_weights_when_asleep(dirs):
     await server.wake_up(tags=["weights"])
     out = await server.generate([5, 6, 7], {"temperature": 0, "max_tokens": 2}, "cpu")
     assert out.stop_reason == "completed"
+
+
+@pytest.mark.parametrize(("mode", "device", "discards"), [("HYBRID", "cuda", True), ("COLOCATED", "cuda", False),
+                                                          ("HYBRID", "cpu", False)])  # fmt: skip
+def test_only_a_trainer_refilled_accelerator_server_discards(mode, device, discards, dirs):
+    """A colocated server (reward model: nobody syncs it) keeps its weights; so does any CPU server."""
+    from types import SimpleNamespace
+
+    from verl.workers.config import HFModelConfig
+    from verl.workers.rollout.replica import RolloutMode
+    from verl_compat.rollout.server import HFServer
+
+    server = HFServer(rollout_config(), HFModelConfig(path=str(dirs[0])), rollout_mode=RolloutMode[mode])
+    server.engine = SimpleNamespace(device=torch.device(device))
+    assert server._discards_weights() is discards  # noqa: SLF001
