@@ -206,3 +206,42 @@ def test_models_without_full_attention_are_refused_at_start_up():
     model = Qwen2ForCausalLM(tiny_config(Qwen2Config, use_sliding_window=True, sliding_window=4, max_window_layers=0))
     with pytest.raises(IncompatibleRequestError, match="actor_rollout_ref.rollout.name='hf'.*sliding_attention"):
         HFGenerationEngine(model)
+
+
+def test_kv_cache_takes_only_the_slots_the_workload_needs():
+    engine = engine_for(tiny_llama())  # max_batch_size 256
+
+    async def burst(n: int, tag: str, max_tokens: int = 4):
+        return await asyncio.gather(*[engine.generate(PROMPTS[i % 4], full(max_tokens), f"{tag}{i}") for i in range(n)])
+
+    asyncio.run(burst(3, "a"))
+    assert engine.scheduler.cache.slots == 4 and engine.scheduler.cache.max_len == 128
+    asyncio.run(burst(2, "b"))
+    assert engine.scheduler.cache.slots == 4  # kept: it never shrinks
+    asyncio.run(burst(9, "c", max_tokens=130))
+    assert engine.scheduler.cache.slots == 16 and engine.scheduler.cache.max_len == 256  # grown while idle
+    assert engine.batch_log[-1] == tuple(f"c{i}" for i in range(9))
+
+
+LATER = (130, 40, 41)  # the first needs a longer cache than the running row's
+
+
+def test_cache_grows_mid_run_for_requests_that_arrive_later():
+    """A lone first request must not cap the batch: later arrivals grow the cache (running rows copied over)."""
+    model = tiny_llama()
+    engine = engine_for(model, stop_check_interval=2)
+
+    async def run():
+        first = asyncio.create_task(engine.generate(PROMPTS[0], full(100), "first"))
+        while engine.scheduler.steps < 4:
+            await asyncio.sleep(0.002)
+        assert engine.scheduler.cache.slots == 1
+        later = [engine.generate(PROMPTS[1 + i], full(LATER[i]), f"later{i}") for i in range(3)]
+        return await asyncio.gather(first, *later)
+
+    results = asyncio.run(run())
+    assert engine.scheduler.cache.slots == 4 and engine.scheduler.cache.max_len == 256  # both dims grew
+    assert engine.batch_log == [("first",), ("later0", "later1", "later2")]
+    assert all(admit(engine, f"later{i}")[0] < finish_step(engine, "first") for i in range(3))
+    expected = [reference(model, PROMPTS[0], 100)] + [reference(model, PROMPTS[1 + i], LATER[i]) for i in range(3)]
+    assert [r.token_ids for r in results] == expected

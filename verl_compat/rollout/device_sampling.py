@@ -129,6 +129,18 @@ class SlotState:
         if self.seen is not None:
             self.seen[d] = self.seen[s]
 
+    def copy_rows(self, other: SlotState, rows: int) -> None:
+        """Take rows ``[0, rows)`` of a smaller state (the cache grew); 2-D buffers keep their old width."""
+        for name in ("tok", "pos", "count", "max_tokens", "done", "stopped", "stop_ids", "greedy", "temp",
+                     "top_k", "top_p", "rep", "seed"):  # fmt: skip
+            getattr(self, name)[:rows] = getattr(other, name)[:rows]
+        width = other.out_len + 1
+        self.out_tok[:rows, :width] = other.out_tok[:rows]
+        self.out_lp[:rows, :width] = other.out_lp[:rows]
+        if other.seen is not None:
+            self.seen = torch.zeros(self.slots, self.vocab, dtype=torch.bool, device=self.device)
+            self.seen[:rows] = other.seen[:rows]
+
     def snapshot(self, rows: int) -> dict[str, torch.Tensor]:
         names = ("tok", "pos", "count", "done", "stopped")
         snap = {n: getattr(self, n)[:rows].clone() for n in names}

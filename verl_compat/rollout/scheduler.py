@@ -81,6 +81,7 @@ class SlotScheduler:
         self.cache: SlotKVCache | None = None
         self.state: SlotState | None = None
         self.runner: DecodeRunner | None = None
+        self._slot_limit = 0  # slots the memory budget allowed at the last allocation
 
     # ------------------------------------------------------------------ memory
     @property
@@ -96,33 +97,51 @@ class SlotScheduler:
         assert not self.rows, "release with running requests"
         self.cache = self.state = self.runner = None
 
-    def _allocate(self, max_len: int) -> None:
-        self.release()
-        config = self.model.config
-        per_row = bytes_per_token(config, self.dtype) * (max_len + 1)
+    def _fit_slots(self, max_len: int) -> int:
+        """How many slots of ``max_len`` tokens the memory budget holds (at most ``max_slots``)."""
+        per_row = bytes_per_token(self.model.config, self.dtype) * (max_len + 1)
         budget = self.kv_cache_bytes
         if budget is None:
             if self.device.type == "cuda":
                 free, total = torch.cuda.mem_get_info(self.device)
+                allocated = torch.cuda.memory_allocated(self.device)
+                free += torch.cuda.memory_reserved(self.device) - allocated  # our allocator's cached free blocks
                 # A per-process cap (a simulated card) limits this process below what the device reports free.
                 fraction = getattr(torch.cuda, "get_per_process_memory_fraction", lambda _device: 1.0)
-                capped = fraction(self.device) * total
-                free = min(free, max(0, int(capped) - torch.cuda.memory_reserved(self.device)))
+                free = min(free, max(0, int(fraction(self.device) * total) - allocated))
                 budget = int(free * 0.4)
             else:
                 budget = 4 << 30
-        slots = max(1, min(self.max_slots, budget // per_row))
+        return max(1, min(self.max_slots, budget // per_row))
+
+    def _allocate(self, max_len: int, want_slots: int) -> bool:
+        """(Re)build the cache with ``want_slots`` slots (as far as memory allows) of ``max_len`` tokens, taking
+        only what the workload asks for (the trainer shares the card). Running rows keep their slots: their cache
+        rows and state are copied over, so the cache can grow mid-run. False when it could not grow."""
+        old = (self.cache, self.state, self.runner)
+        keep = max(self.rows) + 1 if self.rows else 0
+        self.cache = self.state = self.runner = None
+        self._slot_limit = self._fit_slots(max_len)
+        slots = max(keep, min(self._slot_limit, want_slots))
         vocab = self.model.get_output_embeddings().weight.shape[0]
         while True:
             try:
-                self.cache = SlotKVCache(config, slots, max_len, self.dtype, self.device)
-                self.state = SlotState(slots, max_len, vocab, self.device)
+                cache = SlotKVCache(self.model.config, slots, max_len, self.dtype, self.device)
+                state = SlotState(slots, max_len, vocab, self.device)
                 break
             except torch.OutOfMemoryError:
-                self.cache = self.state = None
-                if slots == 1:
+                if slots <= max(keep, 1):
+                    if keep:  # keep serving with the old cache; the waiting requests wait for free slots
+                        self.cache, self.state, self.runner = old
+                        return False
                     raise
-                slots = max(1, slots // 2)
+                slots = max(keep, 1, slots // 2)
+        if keep:
+            old_cache, old_state = old[0], old[1]
+            width = old_cache.max_len
+            cache.data[:, :, :keep, :, :width] = old_cache.data[:, :, :keep, :, :width]
+            state.copy_rows(old_state, keep)
+        self.cache, self.state = cache, state
         self.runner = DecodeRunner(self.model, self.cache, self.state, self.use_graphs, fast=self.fast_decode)
         logger.info(
             "hf rollout KV cache: %d slots x %d tokens, %.1f MiB; decode: %s, %s",
@@ -132,6 +151,7 @@ class SlotScheduler:
             "CUDA graphs" if self.runner.use_graphs else "eager",
             "fast Llama-style forward" if self.runner.fast is not None else "the model's own forward",
         )
+        return True
 
     # ------------------------------------------------------------------ the loop
     @property
@@ -167,12 +187,15 @@ class SlotScheduler:
         budget = None
         if self.max_batch_tokens is not None:
             budget = self.max_batch_tokens - sum(row.cost for row in self.rows.values())
-        if self.cache is None or not self.rows:
-            # Size the cache for everything waiting now (it only grows while idle).
-            live = [r for r in list(pending) if not r.future.done()]
-            need = max((len(r.prompt_ids) + r.spec.max_tokens for r in live), default=0)
-            if need and (self.cache is None or need > self.cache.max_len):
-                self._allocate(_round_up(need, LEN_QUANTUM))
+        live = [r for r in list(pending) if not r.future.done()]
+        if live:
+            # Size the cache for what runs and waits now, rounded up (a power of two of slots); it only grows.
+            need = max(r.cost for r in live)
+            want = min(self.max_slots, 1 << max(0, len(self.rows) + len(live) - 1).bit_length())
+            cache = self.cache
+            if cache is None or need > cache.max_len or (want > cache.slots and cache.slots < self._slot_limit):
+                max_len = max(_round_up(need, LEN_QUANTUM), cache.max_len if cache is not None else 0)
+                self._allocate(max_len, max(want, cache.slots if cache is not None else 1))
         if self.cache is None:
             return
         free = min(self.cache.slots, self.max_slots) - len(self.rows)
@@ -183,7 +206,7 @@ class SlotScheduler:
                 continue
             cost = request.cost
             if cost > self.cache.max_len:
-                break  # waits until the running rows are done and the cache can grow
+                break  # the cache could not grow (memory): waits for the running rows
             if budget is not None and (new or self.rows) and cost > budget:
                 break
             pending.popleft()
