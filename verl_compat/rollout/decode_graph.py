@@ -104,7 +104,9 @@ class DecodeRunner:
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
+        # thread_local: the capture runs in the engine's worker thread; CUDA calls the server makes meanwhile in
+        # other threads must not invalidate it.
+        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
             self._step(b, mode)
         self.state.restore(snap)  # the warm-up steps ran for real; capturing did not
         self._graphs[(b, mode)] = graph
