@@ -13,9 +13,12 @@ a documented trade (TransferQueue controller load against latency; trainer_separ
 
 from __future__ import annotations
 
+import os
 import time
 import weakref
 from typing import Any
+
+from verl_compat.rollout import stats
 
 FLOOR_S = 0.01
 BUSY_FRACTION = 0.1
@@ -54,4 +57,7 @@ def replay_poll_interval(replay_buffer: Any) -> float:
     poller = _POLLERS.get(replay_buffer)
     if poller is None or poller.upstream_s != upstream:
         poller = _POLLERS[replay_buffer] = AdaptivePoll(upstream)
-    return poller.next_interval()
+    interval = poller.next_interval()
+    if os.environ.get(stats.STATS_ENV):  # tests and benchmarks check the waits verl's loop really made
+        stats.record("replay_poll", interval_s=interval)
+    return interval

@@ -206,8 +206,9 @@ class HFServer:
 
         loop = asyncio.get_running_loop()
         self._span.setdefault("start", loop.time())
+        self._span.setdefault("first_request_time", time.time())
         result = await self.engine.generate(prompt, params, request_id)
-        self._span["end"] = loop.time()
+        self._span["end"], self._span["last_result_time"] = loop.time(), time.time()
         self._span["requests"] = self._span.get("requests", 0) + 1
         self._span["tokens"] = self._span.get("tokens", 0) + len(result.token_ids)
         return TokenOutput(
@@ -269,6 +270,8 @@ class HFServer:
                 requests=span["requests"],
                 tokens=span["tokens"],
                 engine_span_s=span["end"] - span["start"],
+                first_request_time=span["first_request_time"],
+                last_result_time=span["last_result_time"],
                 global_steps=self.global_steps,
             )
 
