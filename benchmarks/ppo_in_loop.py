@@ -45,7 +45,10 @@ def analyse(result: dict[str, Any]) -> dict[str, Any]:
     stats = result["rollout_stats"]
     gen = summary["timing_s/gen"]["per_step"]
     update = summary["timing_s/update_weights"]["per_step"]
-    spans = [r["engine_span_s"] for r in stats if r["kind"] == "rollout_batch"]
+    batches = [r for r in stats if r["kind"] == "rollout_batch"]
+    spans = [r["engine_span_s"] for r in batches]
+    sleeps = [r for r in stats if r["kind"] == "rollout_sleep"][1:]  # the first is the one at start-up
+    polls = [r["interval_s"] for r in stats if r["kind"] == "replay_poll"]
     syncs = [r for r in stats if r["kind"] == "trainer_weights_sent"]
     received = [r for r in stats if r["kind"] == "rollout_weights_received"]
     server_pids = {r["pid"] for r in stats if r["kind"].startswith("rollout_")}
@@ -61,6 +64,10 @@ def analyse(result: dict[str, Any]) -> dict[str, Any]:
                 "engine_span_s": round(span, 3) if span is not None else None,
                 "gen_over_engine": round(g / span, 3) if span else None,
                 "gen_minus_engine_s": round(g - span, 3) if span is not None else None,
+                # from the engine's last result to the end of sampling (the trainer putting the rollout to sleep)
+                "end_of_sampling_lag_s": round(sleeps[i]["time"] - batches[i]["last_result_time"], 3)
+                if i < len(sleeps) and i < len(batches) and "last_result_time" in batches[i]
+                else None,
                 "update_weights_s": round(update[i], 3) if i < len(update) else None,
             }
         )
@@ -93,6 +100,8 @@ def analyse(result: dict[str, Any]) -> dict[str, Any]:
         "gen_s_median_after_first": summary["timing_s/gen"]["median_after_first"],
         "gen_over_engine_max_after_first": max(ratios) if ratios else None,
         "gen_within_10pct_of_engine": bool(ratios) and max(ratios) <= 1 + GEN_VS_ENGINE_TOLERANCE,
+        "replay_poll_s_max": max(polls) if polls else None,
+        "replay_polls": len(polls),
         "rollout_weight_bytes_on_device_after_sync": sorted(set(weight_bytes)),
         "rollout_server_pids": sorted(server_pids),
         "trainer_pids": sorted(trainer_pids),
@@ -124,6 +133,7 @@ def print_table(reports: list[dict[str, Any]]) -> None:
         ("gen s (median 2+)", "gen_s_median_after_first"),
         ("gen / engine span (max 2+)", "gen_over_engine_max_after_first"),
         ("gen within 10% of engine", "gen_within_10pct_of_engine"),
+        ("replay poll wait s (max)", "replay_poll_s_max"),
         ("rollout weights on card (B)", "rollout_weight_bytes_on_device_after_sync"),
         ("server MiB min/max", "rollout_server_mib_min_max"),
         ("peak all processes GiB", "peak_memory_all_processes_gib"),
