@@ -65,7 +65,7 @@ def analyse(result: dict[str, Any]) -> dict[str, Any]:
                 "gen_over_engine": round(g / span, 3) if span else None,
                 "gen_minus_engine_s": round(g - span, 3) if span is not None else None,
                 # from the engine's last result to the end of sampling (the trainer putting the rollout to sleep)
-                "end_of_sampling_lag_s": round(sleeps[i]["time"] - batches[i]["last_result_time"], 3)
+                "end_of_sampling_lag_s": round(sleeps[i]["called_time"] - batches[i]["last_result_time"], 3)
                 if i < len(sleeps) and i < len(batches) and "last_result_time" in batches[i]
                 else None,
                 "update_weights_s": round(update[i], 3) if i < len(update) else None,

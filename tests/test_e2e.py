@@ -69,7 +69,7 @@ def test_train_two_steps_then_resume(algo, tmp_path_factory):
         polls = [r["interval_s"] for r in records if r["kind"] == "replay_poll"]
         batch = [r for r in records if r["kind"] == "rollout_batch"][1]
         end_of_sampling = [r for r in records if r["kind"] == "rollout_sleep"][2]  # init, step 1, step 2
-        gen, lag = rows[1]["data"]["timing_s/gen"], end_of_sampling["time"] - batch["last_result_time"]
+        gen, lag = rows[1]["data"]["timing_s/gen"], end_of_sampling["called_time"] - batch["last_result_time"]
         detail = f"step 2: timing_s/gen {gen:.2f}s, engine {batch['engine_span_s']:.2f}s, end of sampling +{lag:.2f}s"
         assert polls and max(polls) <= 0.1, f"replay buffer slept {max(polls, default=None)}s per poll; {detail}"
         assert lag < 1.0, detail

@@ -244,13 +244,14 @@ class HFServer:
     async def wake_up(self, tags: list[str] | None = None) -> None:
         if self._skip_memory_ops():
             return
-        # Only the weights occupy memory between batches (the KV cache lives inside one generate call).
+        # The engine rebuilds its KV cache at the first request after a wake, so only "weights" needs work.
         if tags is None or "weights" in tags:
             await self.engine.wake_up()
             if self._storage is not None and self._storage.released:
                 await asyncio.to_thread(self._storage.allocate, self.engine.device)
 
     async def sleep(self) -> None:
+        called = time.time()  # the trainer ends a step's sampling with this call
         self._record_span()
         if self._skip_memory_ops() or not self.config.free_cache_engine:
             return
@@ -260,7 +261,8 @@ class HFServer:
             await self.wait_for_requests_to_drain()  # no batch may read the weights while they are freed
             freed = storage.release()
         await self.engine.sleep()
-        stats.record("rollout_sleep", discarded_bytes=freed, memory=stats.device_memory(self.engine.device))
+        memory = stats.device_memory(self.engine.device)
+        stats.record("rollout_sleep", called_time=called, discarded_bytes=freed, memory=memory)
 
     def _record_span(self) -> None:
         span, self._span = self._span, {}
