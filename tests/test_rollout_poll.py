@@ -11,17 +11,31 @@ from verl_compat.rollout.poll import FLOOR_S, AdaptivePoll
 
 def test_adaptive_poll_is_short_and_backs_off_with_expensive_polls():
     poll = AdaptivePoll(upstream_s=2.0)
-    assert poll.next_interval(now=100.0) == FLOOR_S  # first wait of a sample() call
-    # the poll after it took 1 ms of work: stay at the floor
-    assert poll.next_interval(now=100.0 + FLOOR_S + 0.001) == FLOOR_S
-    # a poll that took 50 ms: wait 9x that, so polling keeps at most 10% of the time
-    t = 100.0 + 2 * FLOOR_S + 0.001
-    assert poll.next_interval(now=t + 0.05) == pytest.approx(0.45)
-    # a very expensive poll never waits longer than upstream
-    t2 = t + 0.05 + 0.45
-    assert poll.next_interval(now=t2 + 1.5) == 2.0
-    # the next sample() call, a whole training step later, starts short again
-    assert poll.next_interval(now=t2 + 1.5 + 2.0 + 60.0) == FLOOR_S
+    t = 100.0
+    assert poll.next_interval(now=t) == FLOOR_S  # first wait of a sample() call
+    t += FLOOR_S + 0.001  # the poll after it took 1 ms of work: stay at the floor
+    assert poll.next_interval(now=t) == FLOOR_S
+    # polls that take 50 ms: the wait doubles per poll up to 9x the work (polling keeps <= 10% of the time)
+    waits = []
+    for _ in range(8):
+        t += poll._last + 0.05  # noqa: SLF001 - the wait just returned, then the poll's work
+        waits.append(poll.next_interval(now=t))
+    assert waits[:5] == pytest.approx([0.02, 0.04, 0.08, 0.16, 0.32]) and waits[-1] == pytest.approx(0.45)
+    # however expensive a poll, never longer than upstream
+    for _ in range(6):
+        t += poll._last + 1.5  # noqa: SLF001
+        last = poll.next_interval(now=t)
+    assert last == 2.0
+
+
+def test_a_short_training_step_between_samples_is_not_a_slow_poll():
+    """sample() of step 2 starts 1.9 s after step 1's last poll: its first wait stays short."""
+    poll = AdaptivePoll(upstream_s=2.0)
+    t = 0.0
+    for _ in range(5):
+        t += poll.next_interval(now=t) + 0.001
+    t += 1.9  # the rest of step 1 (training) and the start of step 2
+    assert poll.next_interval(now=t) <= 2 * FLOOR_S
 
 
 class _Buffer:

@@ -4,7 +4,9 @@ Upstream sleeps a fixed ``poll_interval`` (2.0 s, not configurable), so a step's
 steps whatever the batch took; with the small batches old cards train that is most of the generation time.
 Below sm_80 (and on CPU) the wait adapts instead: at least ``FLOOR_S``, and at most as long as keeps one poll's own
 work (``tq.kv_list`` and the bookkeeping after it, measured between calls) under ``BUSY_FRACTION`` of the time, so
-a large buffer whose poll is expensive backs off toward upstream's value, never beyond it.
+a large buffer whose poll is expensive backs off toward upstream's value, never beyond it. The wait at most doubles
+from one poll to the next: the time between two ``sample`` calls (a training step, which can be shorter than 2 s)
+looks like one slow poll and must not set the first wait of the next step.
 
 sm_80+ keeps upstream's 2.0 s: the project returns upstream's behaviour there unless it is a plain bug, and this is
 a documented trade (TransferQueue controller load against latency; trainer_separate_async.py reads the same
@@ -32,15 +34,15 @@ class AdaptivePoll:
         self.floor_s = min(float(floor_s), self.upstream_s)
         self.busy_fraction = float(busy_fraction)
         self._wake_at: float | None = None
+        self._last: float | None = None
 
     def next_interval(self, now: float | None = None) -> float:
         now = time.monotonic() if now is None else now
-        work = 0.0 if self._wake_at is None else now - self._wake_at
-        if work < 0 or work > self.upstream_s:
-            work = 0.0  # a new wait (the last one ended a step ago), not one slow poll
-        interval = work * (1 - self.busy_fraction) / self.busy_fraction
-        interval = min(self.upstream_s, max(self.floor_s, interval))
-        self._wake_at = now + interval
+        work = 0.0 if self._wake_at is None else max(0.0, now - self._wake_at)
+        target = work * (1 - self.busy_fraction) / self.busy_fraction
+        ceiling = 2 * self._last if self._last is not None else self.floor_s
+        interval = min(self.upstream_s, max(self.floor_s, min(target, ceiling)))
+        self._wake_at, self._last = now + interval, interval
         return interval
 
 
