@@ -65,9 +65,9 @@ def main() -> int:
     audit = DtypeAudit()
 
     class AuditedEngine(HFGenerationEngine):
-        def _generate_batch(self, batch, stopper):  # runs in a worker thread: enter the audit there
+        def _decode_run(self, deliver):  # runs in a worker thread: enter the audit there
             with audit:
-                return super()._generate_batch(batch, stopper)
+                return super()._decode_run(deliver)
 
     torch.cuda.reset_peak_memory_stats()
     with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:

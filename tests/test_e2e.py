@@ -23,6 +23,7 @@ RUN_TIMEOUT_S = 900  # misconfigurations hang silently in Ray; never let one eat
 
 def _run(algo: str, home: Path, out: Path, steps: int, metrics: Path, *extra: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, RAY_AUTH_MODE="disabled", HF_HUB_OFFLINE="1", VERL_FILE_LOGGER_PATH=str(metrics))
+    env["VERL_COMPAT_ROLLOUT_STATS"] = str(metrics.with_suffix(".rollout.jsonl"))  # the server's per-step records
     cmd = [sys.executable, "-m", "verl_compat.cli", "quickstart", "--algo", algo, "--model", "tiny"]
     cmd += ["--steps", str(steps), "--home", str(home), "--out", str(out), "--train-size", "64", "--val-size", "8"]
     cmd += ["trainer.logger=[console,file]", *extra]
@@ -36,6 +37,10 @@ def _run(algo: str, home: Path, out: Path, steps: int, metrics: Path, *extra: st
 def _steps(metrics: Path) -> list[dict]:
     rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
     return [r for r in rows if "step" in r and "data" in r]
+
+
+def _records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def _assert_finite(row: dict) -> None:
@@ -56,6 +61,18 @@ def test_train_two_steps_then_resume(algo, tmp_path_factory):
         assert "actor/pg_loss" in r["data"] and "critic/score/mean" in r["data"]
         if algo == "ppo":
             assert "critic/vf_loss" in r["data"], "PPO must train its critic"
+    if algo == "grpo":
+        # No fixed waits (patches/0013): the replay buffer polled in short steps, and step 2's sampling ended
+        # within a poll of the engine's last result, not on the old 2 s quantum. (timing_s/gen also holds the
+        # agent loop's work before the first request and after the last one, which a loaded CPU stretches.)
+        records = _records(first.with_suffix(".rollout.jsonl"))
+        polls = [r["interval_s"] for r in records if r["kind"] == "replay_poll"]
+        batch = [r for r in records if r["kind"] == "rollout_batch"][1]
+        end_of_sampling = [r for r in records if r["kind"] == "rollout_sleep"][2]  # init, step 1, step 2
+        gen, lag = rows[1]["data"]["timing_s/gen"], end_of_sampling["called_time"] - batch["last_result_time"]
+        detail = f"step 2: timing_s/gen {gen:.2f}s, engine {batch['engine_span_s']:.2f}s, end of sampling +{lag:.2f}s"
+        assert polls and max(polls) <= 0.1, f"replay buffer slept {max(polls, default=None)}s per poll; {detail}"
+        assert lag < 1.0, detail
     ckpt = out / algo
     assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
     assert any((ckpt / "global_step_2" / "actor").iterdir())

@@ -62,7 +62,11 @@ async def test_replica_server_adapter_round_trip(local_ray, tmp_path, monkeypatc
     trained = AutoModelForCausalLM.from_pretrained(trained_dir, dtype=torch.float32).eval()
     await adapter.release()
     await adapter.resume(tags=["weights"])
+    # The tensors travel through a shared-memory bucket; only metadata goes through Ray (no object store).
+    monkeypatch.setattr(ray, "put", lambda *a, **k: pytest.fail("weight sync must not use Ray's object store"))
     await adapter.update_weights(iter(trained.state_dict().items()), global_steps=4)
+    assert adapter.last_sync.transport == "shared_memory" and adapter.last_sync.tensors == len(trained.state_dict())
+    monkeypatch.undo()
     await adapter.resume(tags=["kv_cache"])
 
     prompts = [[5, 17, 42, 9], [7, 8], [250, 3, 61, 90, 12]]

@@ -145,8 +145,9 @@ def test_tensor_parallel_rejected_by_server_and_adapter(model_config, monkeypatc
         HFServerAdapter(rollout_config(tensor_model_parallel_size=2), model_config, device_mesh=None)
 
 
-def test_adapter_rank_arithmetic(model_config, monkeypatch):
-    from verl_compat.rollout.adapter import HFServerAdapter, host_buckets
+async def test_adapter_rank_arithmetic(model_config, monkeypatch):
+    from verl_compat.rollout.adapter import HFServerAdapter
+    from verl_compat.rollout.transfer import BucketSender
 
     monkeypatch.setenv("RANK", "3")
     monkeypatch.setenv("RAY_LOCAL_WORLD_SIZE", "4")
@@ -156,8 +157,13 @@ def test_adapter_rank_arithmetic(model_config, monkeypatch):
     adapter.sleep_level = 2  # engine_workers assigns it
 
     tensors = [(f"w{i}", torch.ones(256)) for i in range(5)]  # 1 KiB each
-    sizes = [len(b) for b in host_buckets(tensors, bucket_bytes=2048)]
-    assert sizes == [2, 2, 1]
+    sizes = []
+
+    async def deliver(meta):
+        sizes.append(len(meta["tensors"]))
+
+    report = await BucketSender(bucket_bytes=2048).send(iter(tensors), deliver)
+    assert sizes == [2, 2, 1] and report.buckets == 3 and report.bytes == 5 * 1024
 
 
 def test_registration_is_idempotent(monkeypatch):

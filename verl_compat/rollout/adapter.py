@@ -3,49 +3,28 @@
 Instantiated inside every trainer worker (``engine_workers.py`` init_model) and in checkpoint-engine workers.
 It finds its replica's ``HFServer`` actor by name and drives it: wake/sleep around training, and weight sync.
 
-Weight transport is deliberately simple: the full tensors are moved to host memory, grouped into buckets of
-``checkpoint_engine.update_weights_bucket_megabytes`` and handed to the server through Ray's object store.
-vLLM's ZMQ/CUDA-IPC sender cannot even be imported without vLLM (hook-points D7), and for the model sizes that
-old GPUs and CPUs train, a host copy per sync is cheap next to the step.
+Weight sync (rollout/transfer.py) stays on the host: through one CUDA IPC bucket on the card the trainer and the
+rollout share, or a shared-memory bucket on a CPU; only metadata travels in Ray calls, never the tensors.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Any
 
 import torch
 
 from verl.workers.rollout.base import BaseRollout
+from verl_compat.rollout import stats
 from verl_compat.rollout.engine import check_parallel_sizes
+from verl_compat.rollout.transfer import BucketSender, SyncReport
 
 logger = logging.getLogger("verl_compat.rollout.adapter")
 
 SERVER_NAME_PREFIX = "hf_"
 DEFAULT_BUCKET_MB = 512
-
-
-def host_buckets(
-    weights: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int
-) -> Iterator[list[tuple[str, torch.Tensor]]]:
-    """Group ``(name, tensor)`` pairs into lists of at most ``bucket_bytes`` (one oversized tensor forms its own
-    bucket), each tensor detached, made whole and contiguous on the CPU."""
-    bucket: list[tuple[str, torch.Tensor]] = []
-    size = 0
-    for name, tensor in weights:
-        full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor  # a DTensor that slipped through
-        host = full.detach().to("cpu").contiguous()
-        nbytes = host.numel() * host.element_size()
-        if bucket and size + nbytes > bucket_bytes:
-            yield bucket
-            bucket, size = [], 0
-        bucket.append((name, host))
-        size += nbytes
-    if bucket:
-        yield bucket
 
 
 class HFServerAdapter(BaseRollout):
@@ -69,10 +48,12 @@ class HFServerAdapter(BaseRollout):
         self.rollout_rank = rank % rollout_world_size
         self.node_rank = self.rollout_rank // local_world_size
         self.is_leader_rank = self.rollout_rank == 0
-        # engine_workers.update_weights assigns sleep_level (to 1 for LoRA adapters); the hf server always keeps
-        # its weights when asleep (moved to host memory), so the value is recorded but changes nothing.
+        # engine_workers.update_weights assigns sleep_level (to 1 for LoRA adapters); the hf server decides what
+        # sleep frees itself (server._discards_weights), so the value is recorded but changes nothing.
         self.sleep_level = 1
         self.server_handle = None
+        self._sync_info: dict | None = None
+        self.last_sync: SyncReport | None = None  # what the last update_weights moved, and how
 
     def _server(self):
         """The replica's server actor, looked up lazily: servers start after the trainer workers."""
@@ -114,7 +95,6 @@ class HFServerAdapter(BaseRollout):
                 "so the trainer sends merged weights"
             )
         server = self._server()
-        start = time.time()
         if server is None:
             # Non-leader ranks still drain the generator: producing each full tensor is a collective
             # (FSDP all-gather) that every rank must join.
@@ -122,17 +102,24 @@ class HFServerAdapter(BaseRollout):
                 pass
             return
 
-        import ray
-
-        bucket_mb = _bucket_megabytes(self.config)
-        count = 0
-        for bucket in host_buckets(weights, bucket_mb << 20):
-            count += await server.load_weights.remote(ray.put(bucket))
+        if self._sync_info is None:
+            self._sync_info = await server.weight_sync_info.remote()
+        sender = BucketSender(_bucket_megabytes(self.config) << 20, max_total_numel=self._sync_info["total_numel"])
+        report = await sender.send(weights, server.receive_bucket.remote, server.finish_weight_sync.remote)
         await server.clear_kv_cache.remote()
         if global_steps is not None:
             await server.set_global_steps.remote(global_steps)
+        self.last_sync = report
+        stats.record("trainer_weights_sent", global_steps=global_steps, **report.to_dict())
         if self.replica_rank == 0:
-            logger.info("hf rollout update_weights: %d tensors in %.2fs", count, time.time() - start)
+            logger.info(
+                "hf rollout update_weights: %d tensors, %.0f MiB via %s in %d bucket(s), %.3fs",
+                report.tensors,
+                report.bytes / 2**20,
+                report.transport,
+                report.buckets,
+                report.seconds,
+            )
 
 
 def _bucket_megabytes(config: Any) -> int:

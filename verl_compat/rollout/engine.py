@@ -1,10 +1,11 @@
-"""`HFGenerationEngine`: batched token-in/token-out generation with transformers ``generate`` (no vLLM).
+"""`HFGenerationEngine`: token-in/token-out generation with continuous batching over a static KV cache (no vLLM).
 
-Independent of Ray and verl. Concurrent ``generate`` calls are queued; one batching task drains the queue into a
-batch (bounded by ``max_batch_size`` and ``max_batch_tokens``) and runs one left-padded ``model.generate`` per
-batch in a worker thread, so the event loop keeps accepting requests while the model runs. Every row of a batch
-keeps its own sampling parameters (see :class:`~verl_compat.rollout.sampling.BatchSampler`), so requests never
-need to be grouped. Batching concurrent requests is the main speed lever on CPU and small GPUs
+Independent of Ray and verl. ``generate`` queues a request; one batching task runs the decode loop
+(:class:`~verl_compat.rollout.scheduler.SlotScheduler`) in a worker thread while anything is running or waiting,
+so the event loop keeps accepting requests, and a request that arrives mid-run takes the next free slot. Every
+row keeps its own sampling parameters (:mod:`~verl_compat.rollout.device_sampling`), so requests never need to be
+grouped. On CUDA one decode step is replayed from a CUDA graph per batch-size bucket unless ``enforce_eager``;
+CPU runs the same loop eagerly. Batching concurrent requests is the main speed lever on CPU and small GPUs
 (research/cpu-feasibility.md: a one-request-at-a-time server spent 28-34 s of a 38-51 s step generating).
 """
 
@@ -14,23 +15,24 @@ import asyncio
 import collections
 import logging
 import os
-import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from transformers import LogitsProcessorList, PretrainedConfig, PreTrainedModel, StoppingCriteria, StoppingCriteriaList
+from transformers import PretrainedConfig, PreTrainedModel
 
 from verl_compat.errors import IncompatibleRequestError
+from verl_compat.rollout.kv_cache import ATTENTION_NAME, check_supported
 from verl_compat.rollout.loading import eos_token_ids as collect_eos_ids
 from verl_compat.rollout.loading import load_causal_lm, neutral_generation_config, torch_dtype
-from verl_compat.rollout.sampling import BatchSampler, SamplingSpec
+from verl_compat.rollout.sampling import SamplingSpec
+from verl_compat.rollout.scheduler import SlotScheduler
 from verl_compat.rollout.weights import WeightLoader
 
 logger = logging.getLogger("verl_compat.rollout.engine")
 
-ENGINE_DESCRIPTION = "the hf rollout engine (transformers generate)"
+ENGINE_DESCRIPTION = "the hf rollout engine (transformers models, static KV cache)"
 
 
 def check_parallel_sizes(tensor_parallel_size: int = 1, data_parallel_size: int = 1, pipeline_parallel_size: int = 1):
@@ -71,38 +73,6 @@ class _Request:
         return len(self.prompt_ids) + self.spec.max_tokens
 
 
-class _RowStopper(StoppingCriteria):
-    """Per-row stop: EOS / stop token (included in the output), the row's own max_tokens, or an abort.
-
-    Records, per row, how many generated tokens belong to it and why it stopped; generate ends when every row
-    is done. Rows that finished keep producing throw-away tokens until then, which are cut off afterwards.
-    """
-
-    def __init__(self, specs: list[SamplingSpec], eos_ids: Sequence[int], prompt_width: int):
-        self.prompt_width = prompt_width
-        self.max_tokens = [s.max_tokens for s in specs]
-        self.stop_ids = [set(s.stop_token_ids) | (set() if s.ignore_eos else set(eos_ids)) for s in specs]
-        self.lengths: list[int | None] = [None] * len(specs)
-        self.reasons: list[str | None] = [None] * len(specs)
-        self.abort = threading.Event()  # set from the event-loop thread by abort_all
-
-    def __call__(self, input_ids: torch.LongTensor, scores: Any, **kwargs: Any) -> torch.BoolTensor:
-        step = input_ids.shape[1] - self.prompt_width
-        last = input_ids[:, -1].tolist()
-        aborting = self.abort.is_set()
-        for i, tok in enumerate(last):
-            if self.lengths[i] is not None:
-                continue
-            if tok in self.stop_ids[i]:
-                self.lengths[i], self.reasons[i] = step, "stop"
-            elif step >= self.max_tokens[i]:
-                self.lengths[i], self.reasons[i] = step, "length"
-            elif aborting:
-                self.lengths[i], self.reasons[i] = step, "abort"
-        done = [n is not None for n in self.lengths]
-        return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
-
-
 class HFGenerationEngine:
     """Holds one HF causal LM and serves batched generation requests on token ids.
 
@@ -112,8 +82,13 @@ class HFGenerationEngine:
         device: where the model runs while awake.
         eos_token_ids: stop tokens; defaults to the model's generation config and config.
         pad_token_id: left-padding id (only used under attention mask 0); defaults to the first EOS or 0.
-        max_batch_size / max_batch_tokens: limits of one batch (tokens = sum of prompt + max_tokens per row).
-        batch_window_s: after the first request of a batch arrives, wait this long for more.
+        max_batch_size / max_batch_tokens: limits on the rows running at once (tokens = sum of prompt +
+            max_tokens per row); the KV cache holds at most ``max_batch_size`` slots (fewer if memory is short).
+        batch_window_s: after the first request of an idle engine arrives, wait this long for more.
+        enforce_eager: no CUDA graphs (``rollout.enforce_eager``); always eager on CPU.
+        stop_check_interval: decode steps between two reads of the stop flags (the only host syncs).
+        prefill_tokens: padded prompt tokens per prefill forward.
+        kv_cache_bytes: memory for the KV cache (default: 40% of the free device memory; 4 GiB on CPU).
         default_max_tokens: used when a request carries neither max_tokens nor max_new_tokens (vLLM: 16).
         tensor_parallel_size: must be 1 (checked here so every entry point gives the same error).
         dummy: build from config with random weights (the first ``update_weights`` overwrites them).
@@ -135,6 +110,10 @@ class HFGenerationEngine:
         tensor_parallel_size: int = 1,
         dummy: bool = False,
         trust_remote_code: bool = False,
+        enforce_eager: bool = False,
+        stop_check_interval: int = 8,
+        prefill_tokens: int = 8192,
+        kv_cache_bytes: int | None = None,
     ):
         check_parallel_sizes(tensor_parallel_size)
         self.device = torch.device(device)
@@ -153,22 +132,34 @@ class HFGenerationEngine:
                 dummy=dummy,
                 trust_remote_code=trust_remote_code,
             )
+        check_supported(model.config)
+        # Prefill and decode read the static slot cache through our attention function (kv_cache.py).
+        model.config._attn_implementation = ATTENTION_NAME
         self.model: PreTrainedModel = model
         if eos_token_ids is None:
             eos_token_ids = collect_eos_ids(getattr(model, "generation_config", None), model.config)
-        self.eos_token_ids: tuple[int, ...] = tuple(int(t) for t in eos_token_ids)
+        eos_token_ids = tuple(int(t) for t in eos_token_ids)
         if pad_token_id is None:
-            pad_token_id = self.eos_token_ids[0] if self.eos_token_ids else 0
+            pad_token_id = eos_token_ids[0] if eos_token_ids else 0
         self.pad_token_id = int(pad_token_id)
         self.model.generation_config = neutral_generation_config(self.pad_token_id)
 
-        self.max_batch_size = int(max_batch_size)
-        self.max_batch_tokens = max_batch_tokens
         self.batch_window_s = float(batch_window_s)
         self.default_max_tokens = int(default_max_tokens)
-        self.batch_log: list[tuple[str, ...]] = []  # request ids of every batch formed, in order
+        self.enforce_eager = bool(enforce_eager) or self.device.type != "cuda"
         self.asleep = False
         self._weights = WeightLoader(self.model)
+        self.scheduler = SlotScheduler(
+            self.model,
+            eos_token_ids=eos_token_ids,
+            pad_token_id=self.pad_token_id,
+            max_slots=int(max_batch_size),
+            max_batch_tokens=max_batch_tokens,
+            use_graphs=not self.enforce_eager,
+            check_every=stop_check_interval,
+            prefill_tokens=prefill_tokens,
+            kv_cache_bytes=kv_cache_bytes,
+        )
 
         # Event-loop bound state, (re)created for the loop that first uses the engine.
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -176,8 +167,28 @@ class HFGenerationEngine:
         self._wakeup: asyncio.Event | None = None
         self._model_lock: asyncio.Lock | None = None
         self._batch_task: asyncio.Task | None = None
-        self._running: list[_Request] = []
-        self._running_stopper: _RowStopper | None = None
+
+    # Limits and stop ids live in the scheduler; these keep them settable on the engine.
+    max_batch_size = property(lambda self: self.scheduler.max_slots, lambda self, v: self._set("max_slots", int(v)))
+    max_batch_tokens = property(
+        lambda self: self.scheduler.max_batch_tokens, lambda self, v: self._set("max_batch_tokens", v)
+    )
+    eos_token_ids = property(
+        lambda self: self.scheduler.eos_token_ids, lambda self, v: self._set("eos_token_ids", tuple(int(t) for t in v))
+    )
+
+    def _set(self, name: str, value: Any) -> None:
+        setattr(self.scheduler, name, value)
+
+    @property
+    def batch_log(self) -> list[tuple[str, ...]]:
+        """Request ids admitted (prefilled) together, one tuple per admission round, in order."""
+        return self.scheduler.batch_log
+
+    @property
+    def events(self) -> list[tuple[int, str, str, int]]:
+        """``(decode_step, "admit" | "finish", request_id, slot)`` for every request, in order."""
+        return self.scheduler.events
 
     # ------------------------------------------------------------------ requests
     async def generate(
@@ -210,14 +221,15 @@ class HFGenerationEngine:
             if not request.future.done():
                 request.future.set_result(GenerationResult(request.request_id, [], None, "abort"))
                 aborted.append(request.request_id)
-        if self._running_stopper is not None:
-            self._running_stopper.abort.set()
-            aborted.extend(r.request_id for r in self._running)
+        running = self.scheduler.running
+        if running:
+            self.scheduler.abort.set()
+            aborted.extend(r.request_id for r in running)
         return aborted
 
     @property
     def num_pending(self) -> int:
-        return len(self._pending) + len(self._running)
+        return len(self._pending) + len(self.scheduler.rows)
 
     # ------------------------------------------------------------------ weights and memory
     async def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> int:
@@ -231,12 +243,14 @@ class HFGenerationEngine:
         return self._weights.load(weights)
 
     async def sleep(self) -> None:
-        """Give the accelerator memory back: move the weights to host memory and empty the device cache.
-        On a CPU engine there is nothing to move."""
+        """Give the accelerator memory back: free the KV cache and the CUDA graphs, move the weights to host
+        memory and empty the device cache. On a CPU engine only the KV cache is freed. The next request after
+        ``wake_up`` rebuilds the cache (and recaptures graphs)."""
         self._ensure_loop()
         async with self._model_lock:
             if self.asleep:
                 return
+            self.scheduler.release()
             if self.device.type != "cpu":
                 await asyncio.to_thread(self.model.to, "cpu")
                 _empty_device_cache(self.device)
@@ -270,85 +284,34 @@ class HFGenerationEngine:
             self._wakeup.clear()
             # Let requests submitted in the same loop iteration (asyncio.gather, a burst of Ray calls) land.
             await asyncio.sleep(self.batch_window_s)
-            while self._pending:
-                batch = self._take_batch()
-                if batch:
-                    await self._run(batch)
+            if self._pending:
+                await self._serve()
 
-    def _take_batch(self) -> list[_Request]:
-        batch: list[_Request] = []
-        budget = self.max_batch_tokens
-        while self._pending and len(batch) < self.max_batch_size:
-            request = self._pending[0]
-            if request.future.done():  # cancelled by its caller
-                self._pending.popleft()
-                continue
-            if batch and budget is not None and request.cost > budget:
-                break
-            self._pending.popleft()
-            batch.append(request)
-            if budget is not None:
-                budget -= request.cost
-        return batch
+    async def _serve(self) -> None:
+        loop = self._loop
 
-    async def _run(self, batch: list[_Request]) -> None:
-        self.batch_log.append(tuple(r.request_id for r in batch))
-        stopper = _RowStopper([r.spec for r in batch], self.eos_token_ids, max(len(r.prompt_ids) for r in batch))
+        def deliver(request: _Request, reason: str, tokens: list[int], logprobs: list[float] | None) -> None:
+            result = GenerationResult(request.request_id, tokens, logprobs, reason)
+            loop.call_soon_threadsafe(_set_result, request.future, result)
+
         async with self._model_lock:
-            self._running, self._running_stopper = batch, stopper
             try:
-                results = await asyncio.to_thread(self._generate_batch, batch, stopper)
+                await asyncio.to_thread(self._decode_run, deliver)
             except Exception as exc:  # noqa: BLE001 - delivered to every waiting caller, the loop keeps serving
-                logger.exception("hf rollout batch of %d requests failed", len(batch))
-                for request in batch:
+                failed = self.scheduler.fail_all()
+                logger.exception("hf rollout decode loop failed with %d requests running", len(failed))
+                for request in failed:
                     if not request.future.done():
                         request.future.set_exception(exc)
-                return
-            finally:
-                self._running, self._running_stopper = [], None
-        for request, result in zip(batch, results, strict=True):
-            if not request.future.done():
-                request.future.set_result(result)
 
-    def _generate_batch(self, batch: list[_Request], stopper: _RowStopper) -> list[GenerationResult]:
-        device = next(self.model.parameters()).device
-        width = stopper.prompt_width
-        input_ids = torch.full((len(batch), width), self.pad_token_id, dtype=torch.long)
-        attention_mask = torch.zeros((len(batch), width), dtype=torch.long)
-        for i, request in enumerate(batch):
-            n = len(request.prompt_ids)
-            input_ids[i, width - n :] = torch.tensor(request.prompt_ids, dtype=torch.long)
-            attention_mask[i, width - n :] = 1
-        input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
+    def _decode_run(self, deliver) -> None:
+        """Runs in a worker thread until nothing is running or waiting (benchmarks wrap it)."""
+        self.scheduler.run(self._pending, deliver)
 
-        specs = [r.spec for r in batch]
-        sampler = BatchSampler(specs, attention_mask, device)
-        self.model.generate(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            # Greedy decoding over the sampler's one-hot scores: the sampler picks every token itself.
-            do_sample=False,
-            max_new_tokens=max(s.max_tokens for s in specs),
-            pad_token_id=self.pad_token_id,
-            logits_processor=LogitsProcessorList([sampler]),
-            stopping_criteria=StoppingCriteriaList([stopper]),
-        )
 
-        tokens = torch.stack(sampler.tokens, dim=1).cpu()
-        logprobs = torch.stack(sampler.logprobs, dim=1).cpu()
-        results = []
-        for i, request in enumerate(batch):
-            n = stopper.lengths[i] if stopper.lengths[i] is not None else tokens.shape[1]
-            reason = stopper.reasons[i] or "length"
-            results.append(
-                GenerationResult(
-                    request_id=request.request_id,
-                    token_ids=tokens[i, :n].tolist(),
-                    log_probs=logprobs[i, :n].tolist() if request.spec.logprobs else None,
-                    finish_reason=reason,
-                )
-            )
-        return results
+def _set_result(future: asyncio.Future, result: GenerationResult) -> None:
+    if not future.done():
+        future.set_result(result)
 
 
 def _empty_device_cache(device: torch.device) -> None:

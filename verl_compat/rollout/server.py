@@ -10,13 +10,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from typing import Any
 
 import torch
 
+from verl_compat.rollout import stats
 from verl_compat.rollout.engine import HFGenerationEngine, check_parallel_sizes
 from verl_compat.rollout.loading import eos_token_ids
 from verl_compat.rollout.sampling import resolve_max_tokens
+from verl_compat.rollout.transfer import BucketReceiver
+from verl_compat.rollout.weights import ParameterStorage, WeightLoader
 
 logger = logging.getLogger("verl_compat.rollout.server")
 
@@ -47,6 +51,7 @@ def _engine_kwargs(config: Any) -> dict[str, Any]:
         "max_batch_size": int(hf_kwargs.get("max_batch_size", min(config.max_num_seqs, DEFAULT_MAX_BATCH_SIZE))),
         "max_batch_tokens": hf_kwargs.get("max_batch_tokens"),
         "batch_window_s": float(hf_kwargs.get("batch_window_s", DEFAULT_BATCH_WINDOW_S)),
+        **({"kv_cache_bytes": int(hf_kwargs["kv_cache_bytes"])} if "kv_cache_bytes" in hf_kwargs else {}),
     }
 
 
@@ -98,13 +103,30 @@ class HFServer:
         self._gate_open = asyncio.Event()
         self._gate_open.set()
         self._rejecting = False
+        # Weight sync (rollout/transfer.py) and the storage a discarding sleep frees; set up with the engine.
+        self._names: WeightLoader | None = None
+        self._storage: ParameterStorage | None = None
+        self._total_numel = 0
+        self._receiver: BucketReceiver | None = None
+        self._sync_start = 0.0
+        self._sync_tensors = 0
+        # The engine's own time for one step's batch: first request in -> last result out, between sleeps.
+        self._span: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ lifecycle
     async def launch_server(self) -> None:
         """Load the model (in a thread: it can take a while) and start the engine."""
-        if self.engine is not None:
-            return
-        self.engine = await asyncio.to_thread(self._build_engine)
+        if self.engine is None:
+            self.engine = await asyncio.to_thread(self._build_engine)
+        self._weight_state()
+
+    def _weight_state(self) -> tuple[WeightLoader, ParameterStorage]:
+        """Name resolution and releasable storage over the engine's model (made once, while the weights exist)."""
+        if self._storage is None:
+            self._names = WeightLoader(self.engine.model)
+            self._storage = ParameterStorage(self.engine.model)
+            self._total_numel = self._names.total_numel()
+        return self._names, self._storage
 
     def _build_engine(self) -> HFGenerationEngine:
         dtype, attn = _resolve_dtype_and_attn(self.config, self.model_config)
@@ -123,6 +145,8 @@ class HFServer:
             dummy=dummy,
             trust_remote_code=mc.trust_remote_code,
             tensor_parallel_size=self.config.tensor_model_parallel_size,
+            # CUDA graphs unless rollout.enforce_eager (as for vLLM); the engine is always eager on a CPU.
+            enforce_eager=bool(self.config.enforce_eager),
             **_engine_kwargs(self.config),
         )
 
@@ -154,6 +178,12 @@ class HFServer:
                 "the hf rollout engine is text-only; multimodal prompts need rollout.name=vllm or sglang"
             )
         prompt = [int(t) for t in prompt_ids]
+        if self._storage is not None and self._storage.unloaded:
+            raise RuntimeError(
+                f"hf rollout server {self.replica_rank}: generate called after a sleep discarded the weights and "
+                f"before a weight sync refilled them ({len(self._storage.unloaded)} tensors missing, e.g. "
+                f"{self._storage.unloaded[0]!r}); the trainer must call update_weights after wake_up"
+            )
         while not self._gate_open.is_set():
             if self._rejecting:
                 steps = {"global_steps": self.global_steps}
@@ -174,7 +204,13 @@ class HFServer:
         if self.config.full_determinism:
             params.setdefault("seed", self.replica_rank + self.config.seed)
 
+        loop = asyncio.get_running_loop()
+        self._span.setdefault("start", loop.time())
+        self._span.setdefault("first_request_time", time.time())
         result = await self.engine.generate(prompt, params, request_id)
+        self._span["end"], self._span["last_result_time"] = loop.time(), time.time()
+        self._span["requests"] = self._span.get("requests", 0) + 1
+        self._span["tokens"] = self._span.get("tokens", 0) + len(result.token_ids)
         return TokenOutput(
             token_ids=result.token_ids,
             log_probs=result.log_probs,
@@ -197,17 +233,49 @@ class HFServer:
             await asyncio.sleep(poll_s)
 
     # ------------------------------------------------------------------ memory and weights
+    def _discards_weights(self) -> bool:
+        """Sleep frees the weights instead of copying them to host memory when they live on an accelerator and
+        the trainer refills them after every wake (hybrid mode: engine_workers.update_weights resumes "weights"
+        and then syncs). A colocated server (e.g. a reward model) has no trainer to refill it: it keeps them."""
+        from verl.workers.rollout.replica import RolloutMode
+
+        return self.engine.device.type != "cpu" and self.rollout_mode == RolloutMode.HYBRID
+
     async def wake_up(self, tags: list[str] | None = None) -> None:
         if self._skip_memory_ops():
             return
-        # Only the weights occupy memory between batches (the KV cache lives inside one generate call).
+        # The engine rebuilds its KV cache at the first request after a wake, so only "weights" needs work.
         if tags is None or "weights" in tags:
             await self.engine.wake_up()
+            if self._storage is not None and self._storage.released:
+                await asyncio.to_thread(self._storage.allocate, self.engine.device)
 
     async def sleep(self) -> None:
+        called = time.time()  # the trainer ends a step's sampling with this call
+        self._record_span()
         if self._skip_memory_ops() or not self.config.free_cache_engine:
             return
+        freed = 0
+        storage = self._weight_state()[1]
+        if not storage.released and self._discards_weights():
+            await self.wait_for_requests_to_drain()  # no batch may read the weights while they are freed
+            freed = storage.release()
         await self.engine.sleep()
+        memory = stats.device_memory(self.engine.device)
+        stats.record("rollout_sleep", called_time=called, discarded_bytes=freed, memory=memory)
+
+    def _record_span(self) -> None:
+        span, self._span = self._span, {}
+        if "end" in span:
+            stats.record(
+                "rollout_batch",
+                requests=span["requests"],
+                tokens=span["tokens"],
+                engine_span_s=span["end"] - span["start"],
+                first_request_time=span["first_request_time"],
+                last_result_time=span["last_result_time"],
+                global_steps=self.global_steps,
+            )
 
     def _skip_memory_ops(self) -> bool:
         from verl.workers.rollout.replica import RolloutMode
@@ -216,8 +284,71 @@ class HFServer:
         return self.rollout_mode == RolloutMode.STANDALONE
 
     async def load_weights(self, weights: list[tuple[str, torch.Tensor]]) -> int:
-        """Receive one bucket of ``(HF checkpoint name, CPU tensor)`` pairs from ``HFServerAdapter``."""
-        return await self.engine.update_weights(weights)
+        """Receive ``(HF checkpoint name, tensor)`` pairs by value (tests, small callers); the trainer's sync uses
+        receive_bucket."""
+        names, storage = self._weight_state()
+        count = await self.engine.update_weights(weights)
+        storage.mark_loaded(names.targets(name for name, _ in weights))
+        return count
+
+    async def weight_sync_info(self) -> dict[str, Any]:
+        """What the sender sizes its bucket by: the model's element count and where it runs."""
+        self._weight_state()
+        return {"total_numel": self._total_numel, "device": str(self.engine.device)}
+
+    async def receive_bucket(self, meta: dict[str, Any]) -> int:
+        """Copy one bucket (rollout/transfer.py) into the model; returns once the copies have completed, so the
+        sender may reuse the bucket."""
+        loader, storage = self._weight_state()
+        if self._receiver is None:
+            self._receiver = BucketReceiver(self.engine.device)
+            self._sync_start, self._sync_tensors = time.perf_counter(), 0
+        pairs = self._receiver.tensors(meta)
+        try:
+            count = await self.engine.update_weights(pairs)
+            if self.engine.device.type == "cuda":
+                await asyncio.to_thread(torch.cuda.synchronize, self.engine.device)
+        except BaseException:
+            pairs = None
+            receiver, self._receiver = self._receiver, None
+            receiver.close()  # the sender gives up on this sync; the next one opens its own segments
+            raise
+        finally:
+            names = [entry[0] for entry in meta["tensors"]]
+            pairs = None  # no view of the bucket may outlive the call (a shared-memory segment cannot close)
+            if meta.get("transient") and self._receiver is not None:
+                self._receiver.done_with(meta["key"])
+        storage.mark_loaded(loader.targets(names))
+        self._sync_tensors += count
+        return count
+
+    async def finish_weight_sync(self) -> dict[str, Any]:
+        """Close the sync's segments and check that a discarded model was refilled completely."""
+        receiver, self._receiver = self._receiver, None
+        transports = sorted(receiver.transports) if receiver is not None else []
+        if receiver is not None:
+            receiver.close()
+        missing = self._storage.unloaded if self._storage is not None else []
+        if missing:
+            raise RuntimeError(
+                f"hf rollout server {self.replica_rank}: the weight sync after wake_up did not send "
+                f"{len(missing)} of the model's tensors (e.g. {missing[:3]}); the rollout would generate from "
+                "uninitialised memory. The actor and rollout must load the same architecture."
+            )
+        report = {
+            "transports": transports,
+            "tensors": self._sync_tensors,
+            "receive_s": time.perf_counter() - self._sync_start if receiver is not None else 0.0,
+            "memory": stats.device_memory(self.engine.device),
+            "weight_bytes_on_device": self._weight_bytes_on_device(),
+        }
+        stats.record("rollout_weights_received", **report)
+        return report
+
+    def _weight_bytes_on_device(self) -> int:
+        if self.engine.device.type == "cpu":
+            return 0
+        return sum(p.numel() * p.element_size() for p in self.engine.model.parameters() if p.device.type != "cpu")
 
     async def clear_kv_cache(self) -> None:
         """No prefix cache survives a batch, so there is nothing stale to drop after a weight update."""

@@ -44,6 +44,15 @@ class WeightLoader:
                 return converted
         return None
 
+    def targets(self, names: Iterable[str]) -> list[torch.Tensor]:
+        """The model tensors that ``names`` resolve to (unknown names are skipped: ``load`` refuses them)."""
+        resolved = (self.resolve(name) for name in names)
+        return [self._targets[t] for t in resolved if t is not None]
+
+    def total_numel(self) -> int:
+        """Elements over the model's distinct tensors (tied weights counted once)."""
+        return sum(t.numel() for t in {id(t): t for t in self._targets.values()}.values())
+
     @torch.no_grad()
     def load(self, weights: Iterable[tuple[str, torch.Tensor]]) -> int:
         """Copy every pair into the model; returns the number of tensors copied.
@@ -88,3 +97,50 @@ class WeightLoader:
             f"e.g. {first!r} (closest rollout names: {close}).{hint} The actor and rollout must load the same "
             f"architecture (actor_rollout_ref.model.path)."
         )
+
+
+class ParameterStorage:
+    """Frees and re-allocates a model's parameter storage on its device, for a sleep that discards the weights
+    because the next weight sync overwrites every one of them (vLLM's sleep level 2): no host copy either way.
+
+    Tied parameters are one Parameter object, so they stay tied. Buffers (rotary tables, ...) are small and not
+    sent by the trainer, so they are kept. After ``allocate`` the values are undefined until ``mark_loaded`` has
+    seen every parameter (``unloaded`` names the rest).
+    """
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+        self._shapes: dict[int, tuple[torch.Size, torch.dtype]] = {}
+        self._unloaded: dict[int, str] = {}
+        self.released = False
+
+    @torch.no_grad()
+    def release(self) -> int:
+        """Drop every parameter's storage; returns the bytes freed."""
+        freed = 0
+        for param in self.model.parameters():
+            self._shapes[id(param)] = (param.shape, param.dtype)
+            freed += param.numel() * param.element_size()
+            param.data = torch.empty(0, dtype=param.dtype, device=param.device)
+        self.released = True
+        return freed
+
+    @torch.no_grad()
+    def allocate(self, device: torch.device | str) -> None:
+        """Give every released parameter fresh (uninitialised) storage on ``device``."""
+        if not self.released:
+            return
+        names = {id(p): n for n, p in self.model.named_parameters()}
+        for param in self.model.parameters():
+            shape, dtype = self._shapes[id(param)]
+            param.data = torch.empty(shape, dtype=dtype, device=device)
+            self._unloaded[id(param)] = names[id(param)]
+        self.released = False
+
+    def mark_loaded(self, targets: Iterable[torch.Tensor]) -> None:
+        for target in targets:
+            self._unloaded.pop(id(target), None)
+
+    @property
+    def unloaded(self) -> list[str]:
+        return sorted(self._unloaded.values())
