@@ -98,8 +98,10 @@ def decide(
     _kernels(plan)
     _rollout(plan, train, attn)
     _memory(plan)
-    if profile.is_ampere_or_newer:  # identity: only a missing rollout.name may be filled in
-        plan.writes = {k: v for k, v in plan.writes.items() if k == f"{ROLLOUT}.name"}
+    if profile.is_ampere_or_newer:  # identity: only a missing rollout.name and `auto` memory values are filled in
+        plan.writes = {
+            k: v for k, v in plan.writes.items() if k == f"{ROLLOUT}.name" or memory.is_auto(_get(config, k))
+        }
     return plan.decisions, plan.writes
 
 
@@ -262,10 +264,10 @@ def _memory(plan: _Plan) -> None:
     p, engine = plan.profile, plan.decisions["rollout.engine"].value
     util = plan.request("memory.gpu_memory_utilization", [f"{ROLLOUT}.gpu_memory_utilization"], 0.5, {"engine": engine})
     plan.add("memory.gpu_memory_utilization", memory.resolve_gpu_memory_utilization(util, p))
-    offload = plan.request("memory.param_offload", [f"{FSDP_ROLES[ACTOR][0]}.param_offload"], False)
-    plan.add("memory.param_offload", memory.resolve_param_offload(offload, p))
-    gc = plan.request("memory.gradient_checkpointing", [f"{MODEL_ROLES[ACTOR]}.enable_gradient_checkpointing"], True)
-    plan.add("memory.gradient_checkpointing", memory.resolve_gradient_checkpointing(gc, p))
+    # offload, gradient checkpointing, micro-batches and the rollout batch: the memory planner
+    planned, writes = memory.resolve_plan(plan.config, p, plan.requested.__contains__, plan.decisions)
+    plan.decisions.update(planned)
+    plan.writes.update(writes)
 
 
 def apply_writes(config: DictConfig, writes: dict[str, Any]) -> None:
@@ -283,6 +285,7 @@ def resolve_job_config(
     """Validate the user's requests for `profile` and write the resolved values into `config` (in place)."""
     decisions, writes = decide(config, profile, requested, registry)
     apply_writes(config, writes)
+    memory.export_shares(decisions)  # the per-process memory caps of a simulated card
     return decisions
 
 

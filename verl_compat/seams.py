@@ -96,7 +96,7 @@ def fsdp_mixed_precision(mixed_precision_cfg: Any) -> Any:
     missing param_dtype is filled (upstream's .get("param_dtype", "bf16") would pick bf16).
     """
     profile = _profile()
-    cap_memory(profile)  # simulated card on a bigger GPU: this is where the engine's allocations start
+    cap_memory(profile, "trainer")  # simulated card on a bigger GPU: this is where the engine's allocations start
     if profile.is_ampere_or_newer:
         return mixed_precision_cfg
     train = dtype.default_train_dtype(profile)
@@ -202,7 +202,7 @@ def hf_rollout_dtype_and_attn(rollout_config: Any, model_config: Any) -> tuple[t
     when they can run here (sm_80+ included: flash_attention_2 without a usable flash-attn becomes sdpa).
     """
     profile = _profile()
-    cap_memory(profile)  # the rollout server's model and KV cache
+    cap_memory(profile, "rollout")  # the rollout server's model and KV cache
     configured = _cfg_get(rollout_config, "dtype", "bfloat16")
     facts = {"train_dtype": dtype.default_train_dtype(profile)}
     dreq = Request("dtype.rollout", "rollout.dtype", configured, False, "bfloat16", facts)
