@@ -76,6 +76,22 @@ def _forward_acts(shape: ModelShape, tokens: int, b: int, lm_head: bool, entropy
     return tokens * (body + head)
 
 
+def phase_activations(job: JobSpec, phase: str, micro: int, c: Choice) -> int:
+    """Activation bytes of one trainer phase at `micro` sequences per micro-batch."""
+    tokens, a, crit = micro * job.seq_len, job.actor, job.critic
+    if phase == "old_log_prob":
+        return _forward_acts(a, tokens, job.train_bytes, True, True)
+    if phase == "ref":
+        return _forward_acts(a, tokens, job.train_bytes, True, False)
+    if phase == "values":
+        return _forward_acts(crit, tokens, job.critic_train_bytes, False, False)
+    if phase == "update_critic":
+        return _train_acts(crit, tokens, job.critic_train_bytes, c.critic_gc, False, False)
+    if phase == "update_actor":
+        return _train_acts(a, tokens, job.train_bytes, c.actor_gc, True, job.actor_entropy)
+    return 0
+
+
 def _resident(params: int, job: JobSpec, param_offload: bool, optim_offload: bool) -> dict[str, int]:
     return {
         "weights": 0 if param_offload else params * job.master_bytes,
@@ -89,7 +105,7 @@ def _cast_copies(shape: ModelShape, compute_bytes: int, master_bytes: int) -> in
 
 
 def trainer_phases(job: JobSpec, c: Choice) -> list[Phase]:
-    a, seq, m = job.actor, job.seq_len, job.master_bytes
+    a, m = job.actor, job.master_bytes
     pa = a.lm_params // job.world  # FSDP shards weights, grads and optimizer state over the ranks
     phases: list[Phase] = []
     crit = job.critic
@@ -109,13 +125,13 @@ def trainer_phases(job: JobSpec, c: Choice) -> list[Phase]:
     p = Phase("trainer", "old_log_prob", {"actor weights": pa * m, "actor fp16/32 unit copies": cast_a})
     if not c.actor_optim_offload:
         p.parts["actor optimizer (resident)"] = pa * m * ADAM_STATES
-    p.parts["activations"] = _forward_acts(a, c.logprob_micro * seq, job.train_bytes, True, True)
+    p.parts["activations"] = phase_activations(job, "old_log_prob", c.logprob_micro, c)
     p.parts |= others("actor")
     phases.append(p)
 
     if job.need_ref:
         p = Phase("trainer", "ref", {"reference units streamed from host": 2 * a.largest_unit_params * job.train_bytes})
-        p.parts["activations"] = _forward_acts(a, c.ref_micro * seq, job.train_bytes, True, False)
+        p.parts["activations"] = phase_activations(job, "ref", c.ref_micro, c)
         p.parts |= others("")
         phases.append(p)
 
@@ -124,20 +140,18 @@ def trainer_phases(job: JobSpec, c: Choice) -> list[Phase]:
         p = Phase("trainer", "values", {"critic weights": pc * m, "critic fp16/32 unit copies": cast_c})
         if not c.critic_optim_offload:
             p.parts["critic optimizer (resident)"] = pc * m * ADAM_STATES
-        p.parts["activations"] = _forward_acts(crit, c.critic_fwd_micro * seq, job.critic_train_bytes, False, False)
+        p.parts["activations"] = phase_activations(job, "values", c.critic_fwd_micro, c)
         p.parts |= others("critic")
         phases.append(p)
         p = Phase("trainer", "update_critic", {"critic weights": pc * m, "critic fp16/32 unit copies": cast_c})
         p.parts |= {"critic grads": pc * m, "critic optimizer": pc * m * ADAM_STATES}
-        p.parts["activations"] = _train_acts(
-            crit, c.critic_micro * seq, job.critic_train_bytes, c.critic_gc, False, False
-        )
+        p.parts["activations"] = phase_activations(job, "update_critic", c.critic_micro, c)
         p.parts |= others("critic")
         phases.append(p)
 
     p = Phase("trainer", "update_actor", {"actor weights": pa * m, "actor fp16/32 unit copies": cast_a})
     p.parts |= {"actor grads": pa * m, "actor optimizer": pa * m * ADAM_STATES}
-    p.parts["activations"] = _train_acts(a, c.actor_micro * seq, job.train_bytes, c.actor_gc, True, job.actor_entropy)
+    p.parts["activations"] = phase_activations(job, "update_actor", c.actor_micro, c)
     p.parts |= others("actor")
     phases.append(p)
 

@@ -19,12 +19,14 @@ from verl_compat.errors import VerlCompatError
 from verl_compat.planner import keys as K
 from verl_compat.planner.estimate import (
     CONTEXT_ROLLOUT,
+    CONTEXT_TRAINER,
     FRAGMENTATION,
     GIB,
     HEADROOM,
     Choice,
     Estimate,
     estimate,
+    phase_activations,
     rollout_phases,
     trainer_phases,
 )
@@ -164,49 +166,49 @@ def _options(job: JobSpec, key: str, free: frozenset[str]) -> list[Any]:
 
 
 def _trainer_budget(job: JobSpec, rollout_share: int) -> int:
-    contexts = estimate(job, _any_choice(job)).contexts
+    contexts = CONTEXT_TRAINER + CONTEXT_ROLLOUT if job.on_gpu else 0
     left = job.card_bytes - int(job.card_bytes * HEADROOM) - contexts - rollout_share
     return int(left / (1 + FRAGMENTATION))
 
 
-def _any_choice(job: JobSpec) -> Choice:
-    return Choice(1, 1, 1, 1, 1, False, False, False, False, False, False, 1)
-
-
-def _search(job: JobSpec, free: frozenset[str], device_name: str) -> tuple[MemoryPlan | None, Estimate]:
-    """(best plan or None, the least-overflowing estimate seen)."""
+def _search(
+    job: JobSpec, free: frozenset[str], device_name: str, closest_too: bool = False
+) -> tuple[MemoryPlan | None, Estimate | None]:
+    """(best plan or None, and with `closest_too` the least-overflowing estimate, for the error message)."""
     opts = {fld: _options(job, key, free) for key, fld in FIELD.items()}
-    best: tuple[float, int, MemoryPlan] | None = None
-    closest: Estimate | None = None
     flags = ["actor_param_offload", "actor_optim_offload", "critic_param_offload", "critic_optim_offload"]
     flags += ["actor_gc", "critic_gc"]
-    for combo in itertools.product(*(opts[f] for f in flags), opts["rollout_batch"]):
-        base = dict(zip([*flags, "rollout_batch"], combo, strict=True))
-        smallest = {f: min(opts[f]) for f in _MICRO_PHASE}
-        choice = Choice(**base, **smallest)
-        rollout_share = int(rollout_phases(job, choice)[0].total * (1 + FRAGMENTATION))
-        budget = _trainer_budget(job, rollout_share)
-        ok = True
+    smallest = {f: min(opts[f]) for f in _MICRO_PHASE}
+    best: tuple[float, int, MemoryPlan] | None = None
+    closest: Estimate | None = None
+    for combo in itertools.product(*(opts[f] for f in flags)):
+        base = Choice(**dict(zip(flags, combo, strict=True)), **smallest, rollout_batch=1)
+        # each phase's size for each of its micro-batch candidates (phases do not depend on the rollout batch)
+        phases = {p.name: p for p in trainer_phases(job, base)}
+        sized: dict[str, list[tuple[int, int]]] = {}
         for fld, phase in _MICRO_PHASE.items():
-            for value in opts[fld]:  # descending: the first that fits is the largest
-                trial = dataclasses.replace(choice, **{fld: value})
-                ph = next((p for p in trainer_phases(job, trial) if p.name == phase), None)
-                if ph is None or ph.total <= budget:
-                    choice = trial
-                    break
-            else:
-                ok = False
-        est = estimate(job, choice)
-        if closest is None or est.overflow < closest.overflow:
-            closest = est
-        if not ok or not est.fits:
-            continue
-        seconds = step_seconds(job, choice, device_name)
-        penalty = sum(bool(v) for k, v in base.items() if k != "rollout_batch")
-        rank = (sum(seconds.values()), penalty)
-        if best is None or rank < best[:2]:
-            best = (*rank, MemoryPlan(job, choice, est, seconds, free))
-    assert closest is not None
+            ph = phases.get(phase)
+            fixed = ph.total - ph.parts.get("activations", 0) if ph else 0
+            sized[fld] = [(v, fixed + phase_activations(job, phase, v, base) if ph else 0) for v in opts[fld]]
+        penalty = sum(bool(v) for v in combo)
+        for batch in opts["rollout_batch"]:
+            choice = dataclasses.replace(base, rollout_batch=batch)
+            rollout_share = int(rollout_phases(job, choice)[0].total * (1 + FRAGMENTATION))
+            budget = _trainer_budget(job, rollout_share)
+            picks = {fld: next((v for v, total in sized[fld] if total <= budget), None) for fld in _MICRO_PHASE}
+            ok = all(v is not None for v in picks.values())
+            if not ok and not closest_too:
+                continue
+            choice = dataclasses.replace(choice, **{f: v for f, v in picks.items() if v is not None})
+            est = estimate(job, choice)
+            if closest_too and (closest is None or est.overflow < closest.overflow):
+                closest = est
+            if not ok or not est.fits:
+                continue
+            seconds = step_seconds(job, choice, device_name)
+            rank = (sum(seconds.values()), penalty)
+            if best is None or rank < best[:2]:
+                best = (*rank, MemoryPlan(job, choice, est, seconds, free))
     return (best[2] if best else None), closest
 
 
@@ -218,11 +220,12 @@ def free_keys(job: JobSpec, sm80: bool) -> frozenset[str]:
 def plan_job(job: JobSpec, device_name: str, sm80: bool = False) -> MemoryPlan:
     """The plan for `job` on the card (`device_name`: catalog name, for the speed ranking)."""
     free = free_keys(job, sm80)
-    plan, closest = _search(job, free, device_name)
+    plan, _ = _search(job, free, device_name)
     if plan is not None:
         if job.use_dynamic_bsz:
             plan.notes.append("use_dynamic_bsz=true: verl sizes micro-batches by its token budgets instead")
         return plan
+    _, closest = _search(job, free, device_name, closest_too=True)
     raise PlanError(_explain_misfit(job, free, closest, device_name))
 
 
@@ -242,15 +245,20 @@ def _explain_misfit(job: JobSpec, free: frozenset[str], closest: Estimate, devic
 
 
 def _smallest_fix(job: JobSpec, free: frozenset[str], fixed: list[str], device_name: str) -> str:
-    for key in fixed:  # micro-batches first, then offload, gradient checkpointing, the rollout batch
+    """One kept value released (micro-batches first, then offload, checkpointing, the rollout batch), else all
+    of them, else shorter responses or a smaller model."""
+    held = [k for k in K.PLANNED_KEYS if k not in free and k in FIELD]
+    for key in held:
         plan, _ = _search(job, free | {key}, device_name)
         if plan is not None:
-            return f"set {key}={plan.value(key)} ({K.LABELS[key]}) or remove it and let verl-compat plan it"
-    everything = free | frozenset(fixed)
-    if fixed:
+            how = "or remove it and let verl-compat plan it" if key in fixed else "or set it to auto"
+            return f"set {key}={plan.value(key)} ({K.LABELS[key]}) {how}"
+    everything = free | frozenset(held)
+    if held:
         plan, _ = _search(job, everything, device_name)
         if plan is not None:
-            return "remove the overrides " + ", ".join(fixed) + " and let verl-compat plan them"
+            changes = [f"{k}={plan.value(k)}" for k in held if plan.value(k) != _current(job, k)]
+            return "set " + ", ".join(changes) + " (or set them to auto and let verl-compat plan them)"
     length = _largest(lambda r: _search(job.with_(response_len=r), everything, device_name)[0], job.response_len)
     fixes = []
     if length:
@@ -268,6 +276,10 @@ def _smallest_fix(job: JobSpec, free: frozenset[str], fixed: list[str], device_n
         billions = small.lm_params / 1e9
         fixes.append(f"a smaller model (at most ~{billions:.2f}B parameters, e.g. {layers} layers of this width)")
     return " or ".join(fixes) if fixes else "a card with more memory: nothing of this model's width fits"
+
+
+def _current(job: JobSpec, key: str) -> Any:
+    return _options(job, key, frozenset())[0]
 
 
 def _scaled(shape, layers: int):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 
@@ -61,11 +62,11 @@ class ModelShape:
         return cls.from_config(AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code))
 
     # parameter counts --------------------------------------------------------------------------------------------
-    @property
+    @cached_property
     def kv_dim(self) -> int:
         return self.kv_heads * self.head_dim
 
-    @property
+    @cached_property
     def layer_params(self) -> int:
         q_out = self.heads * self.head_dim
         attn = self.hidden * q_out + 2 * self.hidden * self.kv_dim + q_out * self.hidden
@@ -74,22 +75,22 @@ class ModelShape:
         mlp = 3 * self.hidden * self.intermediate  # gate, up, down (SwiGLU)
         return attn + mlp + 2 * self.hidden  # two RMSNorm weights
 
-    @property
+    @cached_property
     def embedding_params(self) -> int:
         return self.vocab * self.hidden
 
-    @property
+    @cached_property
     def lm_params(self) -> int:
         """The causal LM (actor, reference, rollout)."""
         head = 0 if self.tied_embeddings else self.embedding_params
         return self.embedding_params + self.layers * self.layer_params + self.hidden + head
 
-    @property
+    @cached_property
     def value_params(self) -> int:
         """verl's critic: the same body with a hidden -> 1 value head instead of the LM head."""
         return self.embedding_params + self.layers * self.layer_params + self.hidden + self.hidden + 1
 
-    @property
+    @cached_property
     def largest_unit_params(self) -> int:
         """The largest FSDP unit (verl wraps each decoder layer; the root holds embeddings and the LM head)."""
         root = self.embedding_params * (1 if self.tied_embeddings else 2)
