@@ -137,6 +137,8 @@ def export_shares(decisions: Mapping[str, Decision]) -> dict[str, int] | None:
     shares = d.value.get("shares") if d is not None and isinstance(d.value, dict) else None
     if shares:
         os.environ[SHARES_ENV] = json.dumps(shares)
+    else:  # no plan this time: a share left from an earlier job in this process must not cap this one
+        os.environ.pop(SHARES_ENV, None)
     return shares
 
 
