@@ -12,8 +12,9 @@ Activation sizes per token (worst case: every sequence at prompt + response leng
   CPU this matched torch's MemTracker within a few % for a Qwen2 shape, see tests/test_planner_measured.py);
   with gradient checkpointing only each layer's input (h) is kept, plus one layer recomputed during backward;
 - log-prob phases: logits in the compute dtype plus fp32 work buffers of the vocabulary width (log-softmax
-  rows; the softmax of the entropy verl computes with old log-probs), and one layer's MLP intermediates;
-- the update: logits, their gradient and one fp32 work row of the vocabulary width per token.
+  rows; the softmax of the entropy verl computes with old log-probs), or one layer's MLP intermediates if larger;
+- the update: logits, their gradient and two fp32 work rows of the vocabulary width per token (with
+  checkpointing: the larger of that and one recomputed layer).
 """
 
 from __future__ import annotations
@@ -61,19 +62,17 @@ class Phase:
 
 
 def _train_acts(shape: ModelShape, tokens: int, b: int, gc: bool, lm_head: bool, entropy: bool) -> int:
-    per_layer = shape.saved_activation_elems_per_token_layer()
-    if gc:
-        layers = shape.layers * shape.hidden + per_layer  # layer inputs + one layer recomputed in backward
-    else:
-        layers = shape.layers * per_layer
-    head = shape.vocab * (2 * b + 4 + (8 if entropy else 0)) if lm_head else 2 * shape.hidden * b
-    return tokens * (layers * b + head)
+    per_layer = shape.saved_activation_elems_per_token_layer() * b
+    head = shape.vocab * (2 * b + 8 + (8 if entropy else 0)) if lm_head else 2 * shape.hidden * b
+    if gc:  # layer inputs, then either the layer being recomputed or the head's backward, not both at once
+        return tokens * (shape.layers * shape.hidden * b + max(per_layer, head))
+    return tokens * (shape.layers * per_layer + head)
 
 
 def _forward_acts(shape: ModelShape, tokens: int, b: int, lm_head: bool, entropy: bool) -> int:
-    body = shape.forward_transient_elems_per_token() * b + 2 * shape.hidden * b
-    head = shape.vocab * (b + 4 + (8 if entropy else 0)) if lm_head else 0
-    return tokens * (body + head)
+    body = shape.forward_transient_elems_per_token() * b
+    head = shape.vocab * (b + 4 + (4 if entropy else 0)) if lm_head else 0
+    return tokens * (2 * shape.hidden * b + max(body, head))
 
 
 def phase_activations(job: JobSpec, phase: str, micro: int, c: Choice) -> int:
