@@ -31,9 +31,11 @@ _SHORT_TO_TORCH = {v: k for k, v in _TORCH_TO_SHORT.items()}
 def _profile() -> DeviceProfile:
     """The cached device profile; also makes sure plugins are loaded (idempotent) in this process."""
     from verl_compat.detect import detect
+    from verl_compat.packed import register
     from verl_compat.plugins import load_plugins
 
     load_plugins()
+    register()  # attn_implementation="sdpa_varlen" must be known before any model is built here
     return detect()
 
 
