@@ -46,6 +46,21 @@ def packed_segments(position_ids: torch.Tensor | None, length: int, kwargs: dict
     return torch.cat([zero, starts.to(torch.int32), end])
 
 
+_last: tuple[Any, torch.Tensor | None, int] | None = None
+
+
+def _segments_once(position_ids: Any, length: int, kwargs: dict[str, Any]) -> tuple[torch.Tensor | None, int]:
+    """packed_segments for this forward pass: every layer sees the same position_ids tensor, so the segments
+    (and the host sync for their longest length) are computed once per forward, not once per layer."""
+    global _last
+    if _last is not None and position_ids is not None and _last[0] is position_ids and "cu_seq_lens_q" not in kwargs:
+        return _last[1], _last[2]
+    cu = packed_segments(position_ids, length, kwargs)
+    max_len = int((cu[1:] - cu[:-1]).max()) if cu is not None else length
+    _last = (position_ids, cu, max_len)
+    return cu, max_len
+
+
 def _expand_kv(t: torch.Tensor, heads: int, dim: int) -> torch.Tensor:
     groups = heads // t.shape[dim]
     return t if groups == 1 else t.repeat_interleave(groups, dim=dim)
@@ -57,10 +72,11 @@ def _varlen_cuda(q, k, v, cu: torch.Tensor, max_len: int, scale: float | None, d
     qb = q.transpose(1, 2)  # (1, N, heads, d): the kernel's BMHK layout
     kb = _expand_kv(k, heads, 1).transpose(1, 2)
     vb = _expand_kv(v, heads, 1).transpose(1, 2)
-    out = torch.ops.aten._efficient_attention_forward(
-        qb, kb, vb, None, cu, cu, max_len, max_len, dropout, 1, True, scale=scale
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))  # backward needs logsumexp
+    # custom_mask_type 1: causal from the top-left of each sequence
+    return torch.ops.aten._efficient_attention_forward(
+        qb, kb, vb, None, cu, cu, max_len, max_len, dropout, 1, grad, scale=scale
     )[0]
-    return out
 
 
 def _varlen_loop(q, k, v, cu: torch.Tensor, scale: float | None, dropout: float) -> torch.Tensor:
@@ -100,7 +116,7 @@ def sdpa_varlen_attention(
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     cu = None
     if attention_mask is None and b == 1 and causal and key.shape[2] == q_len:
-        cu = packed_segments(kwargs.get("position_ids"), q_len, kwargs)
+        cu, max_len = _segments_once(kwargs.get("position_ids"), q_len, kwargs)
     if cu is None:
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
@@ -112,7 +128,6 @@ def sdpa_varlen_attention(
         )
     cu = cu.to(query.device)
     if _cuda_varlen_usable(query):
-        max_len = int((cu[1:] - cu[:-1]).max())
         out = _varlen_cuda(query, key, value, cu, max_len, scaling, dropout)
     else:
         out = _varlen_loop(query, key, value, cu, scaling, dropout)
