@@ -84,6 +84,8 @@ def plan_decisions(
         return {PLAN: _decision(profile, PLAN, "(plan)", None, True, [why])}, {}
     plan = plan_job(job, speed_name(profile), sm80)  # PlanError propagates: the start-up error
     writes = plan.writes()
+    for key in autos:  # an `auto` the plan has no use for (no critic, not the hf engine) still needs a value
+        writes.setdefault(key, _UNUSED.get(key, 1))
     changed = {k: v for k, v in writes.items() if OmegaConf.select(config, k, default=None) != v}
     out = {PLAN: _decision(profile, PLAN, "(plan)", _summary(plan, writes), True, plan.table())}
     for key in K.PLANNED_KEYS:
@@ -97,6 +99,14 @@ def plan_decisions(
                 profile, f"memory.{key}", key, s.value, False, ["requested explicitly; fits the plan's estimate"]
             )
     return out, changed
+
+
+# What an unused `auto` becomes: upstream's default where it has one, else the smallest valid value.
+_UNUSED = {
+    K.GPU_UTIL: 0.5,
+    K.ROLLOUT_TOKENS: None,
+    **{k: False for k in (*K.OFFLOAD_KEYS, *K.GC_KEYS)},
+}
 
 
 def _value(decisions: Mapping[str, Decision], name: str, default: Any) -> Any:
