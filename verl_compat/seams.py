@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from verl_compat.decision import Decision
+from verl_compat.packed import register_if_used
 from verl_compat.profile import DeviceProfile
 from verl_compat.resolvers import attention, dtype, kernels
 from verl_compat.resolvers.registry import REGISTRY, Context, Option, Request, choose
@@ -31,11 +32,9 @@ _SHORT_TO_TORCH = {v: k for k, v in _TORCH_TO_SHORT.items()}
 def _profile() -> DeviceProfile:
     """The cached device profile; also makes sure plugins are loaded (idempotent) in this process."""
     from verl_compat.detect import detect
-    from verl_compat.packed import register
     from verl_compat.plugins import load_plugins
 
     load_plugins()
-    register()  # attn_implementation="sdpa_varlen" must be known before any model is built here
     return detect()
 
 
@@ -176,6 +175,7 @@ def resolve_model_config(model_config: Any) -> Any:
     decided it). Mutates through object.__setattr__ (verl's BaseConfig freezes fields) and returns the object.
     """
     profile = _profile()
+    register_if_used(getattr(getattr(model_config, "hf_config", None), "_attn_implementation", None))
     if profile.is_ampere_or_newer:
         return model_config
     hf_config = getattr(model_config, "hf_config", None)
@@ -184,6 +184,7 @@ def resolve_model_config(model_config: Any) -> Any:
         chosen = attn_impl(current, hf_config)
         if chosen != current:
             hf_config._attn_implementation = chosen
+            register_if_used(chosen)
     if getattr(model_config, "use_liger", False):
         req = Request("kernels.liger", "use_liger", True, False, False)
         if not _keep_unless_blocked(req, profile, kernels.LIGER_OPTIONS):
@@ -217,7 +218,9 @@ def hf_rollout_dtype_and_attn(rollout_config: Any, model_config: Any) -> tuple[t
         getattr(hf_config, "_attn_implementation", None) or override.get("attn_implementation") or "flash_attention_2"
     )
     areq = Request("attention", "attn_implementation", attn, False, "flash_attention_2")
-    return torch_dtype, _keep_unless_blocked(areq, profile, attention.ATTENTION_OPTIONS)
+    chosen_attn = _keep_unless_blocked(areq, profile, attention.ATTENTION_OPTIONS)
+    register_if_used(chosen_attn)
+    return torch_dtype, chosen_attn
 
 
 def _cfg_get(cfg: Any, key: str, default: Any) -> Any:

@@ -159,6 +159,13 @@ def _mask(
     )
 
 
+def register_if_used(attn_implementation: Any) -> None:
+    """Register before a model is built with this implementation: only then, because importing transformers'
+    modeling code costs seconds in a process that would not otherwise need it (the driver)."""
+    if attn_implementation == VARLEN:
+        register()
+
+
 def register() -> None:
     """Make `attn_implementation="sdpa_varlen"` known to transformers in this process (idempotent)."""
     global _registered
