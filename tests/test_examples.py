@@ -21,6 +21,7 @@ CONFIGS = [
     (EXAMPLES / "grpo_p40.yaml", ["p40"]),
     (EXAMPLES / "grpo_v100.yaml", ["v100"]),
     (EXAMPLES / "grpo_t4.yaml", ["t4"]),
+    (EXAMPLES / "ppo_p40_gsm8k.yaml", ["p40", "t4"]),
 ]
 
 
@@ -56,3 +57,12 @@ def test_per_card_examples_change_only_batch_and_offload():
     for path in sorted(EXAMPLES.glob("grpo_*.yaml")):
         extra = [k for k in keys_from_config_file(path) if not k.startswith(allowed_prefixes)]
         assert not extra, f"{path.name} sets {extra}"
+
+
+def test_the_p40_gsm8k_job_leaves_the_memory_plan_to_verl_compat():
+    from verl_compat.planner.keys import PLANNED_KEYS
+
+    path = EXAMPLES / "ppo_p40_gsm8k.yaml"
+    own = keys_from_config_file(path)
+    assert not {k for k in own for p in PLANNED_KEYS if p == k or p.startswith(k + ".")}, sorted(own)
+    assert not {k for k in own if "dtype" in k or "attn" in k or k.endswith("rollout.name")}

@@ -21,7 +21,7 @@ def test_registration_is_idempotent() -> None:
 
 def test_plugin_option_wins_by_priority_on_pre_ampere_but_never_on_ampere() -> None:
     reg = Registry()
-    reg.register("attention", Option("xformers_varlen", why="xformers BlockDiagonal", priority=15, source="plug"))
+    reg.register("attention", Option("xformers_varlen", why="xformers BlockDiagonal", priority=14, source="plug"))
     req = Request("attention", KEY, "flash_attention_2", False, "flash_attention_2")
     assert attention.resolve_attention(req, get_profile("v100"), reg).value == "xformers_varlen"
     assert attention.resolve_attention(req, get_profile("a100"), reg).value == "flash_attention_2"
@@ -40,7 +40,7 @@ def test_soft_only_options_are_a_last_resort() -> None:
 def test_explain_lists_every_candidate() -> None:
     req = Request("attention", KEY, "flash_attention_2", False, "flash_attention_2")
     text = attention.resolve_attention(req, get_profile("p40")).explain()
-    assert "attention = 'sdpa' (default" in text
+    assert "attention = 'sdpa_varlen' (default" in text
     assert "- 'flash_attention_2': cc_too_old: flash-attn 2 needs compute capability >= 8.0, device has 6.1" in text
-    assert "+ 'sdpa'" in text
+    assert "+ 'sdpa_varlen'" in text and "+ 'sdpa'" in text
     assert "upstream verl would use 'flash_attention_2'" in text

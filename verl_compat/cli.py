@@ -11,6 +11,8 @@ commands:
                       device, torch build, packages and the resolved policy, with reasons
   quickstart [--algo grpo|ppo] [--model smollm2|tiny|PATH] [--steps N] [VERL OVERRIDES...]
                       the default job: GRPO on reasoning-gym arithmetic with SmolLM2-135M, on this device
+  data gsm8k --out DIR [--from PATH]
+                      GSM8K as verl's train/test parquet (verl's rule-based GSM8K score)
   fork materialize|check|refresh|rebase
                       maintain the patch series on the pinned upstream verl (see README)
 """
@@ -30,6 +32,10 @@ def main(argv: list[str] | None = None) -> int:
         from verl_compat.quickstart.run import main as quickstart_main
 
         return quickstart_main(rest)
+    if cmd == "data" and rest[:1] == ["gsm8k"]:
+        from verl_compat.data.gsm8k import main as gsm8k_main
+
+        return gsm8k_main(rest[1:])
     if cmd == "fork":
         from verl_compat.fork.cli import main as fork_main
 

@@ -253,10 +253,10 @@ def _memory(plan: _Plan) -> None:
     p, engine = plan.profile, plan.decisions["rollout.engine"].value
     util = plan.request("memory.gpu_memory_utilization", [f"{ROLLOUT}.gpu_memory_utilization"], 0.5, {"engine": engine})
     plan.add("memory.gpu_memory_utilization", memory.resolve_gpu_memory_utilization(util, p))
-    offload = plan.request("memory.param_offload", [f"{FSDP_ROLES[ACTOR][0]}.param_offload"], False)
-    plan.add("memory.param_offload", memory.resolve_param_offload(offload, p))
-    gc = plan.request("memory.gradient_checkpointing", [f"{MODEL_ROLES[ACTOR]}.enable_gradient_checkpointing"], True)
-    plan.add("memory.gradient_checkpointing", memory.resolve_gradient_checkpointing(gc, p))
+    # offload, gradient checkpointing, micro-batches and the rollout batch: the memory planner
+    planned, writes = memory.resolve_plan(plan.config, p, plan.requested.__contains__, plan.decisions)
+    plan.decisions.update(planned)
+    plan.writes.update(writes)
 
 
 def apply_writes(config: DictConfig, writes: dict[str, Any]) -> None:
@@ -274,6 +274,7 @@ def resolve_job_config(
     """Validate the user's requests for `profile` and write the resolved values into `config` (in place)."""
     decisions, writes = decide(config, profile, requested, registry)
     apply_writes(config, writes)
+    memory.export_shares(decisions)  # the per-process memory caps of a simulated card
     return decisions
 
 

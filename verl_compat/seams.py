@@ -18,6 +18,7 @@ from typing import Any
 
 from verl_compat import config_keys as keys
 from verl_compat.decision import Decision
+from verl_compat.packed import register_if_used
 from verl_compat.profile import DeviceProfile
 from verl_compat.resolvers import attention, dtype, kernels, rollout_engine
 from verl_compat.resolvers.registry import Request
@@ -58,7 +59,7 @@ def _resolve(
     return resolve(request, profile).value
 
 
-def device_in_use() -> None:
+def device_in_use(process: str = "trainer") -> None:
     """This process is about to allocate on the device (the FSDP engine build, the hf rollout server).
 
     On a simulated card over a bigger real GPU: cap this process's memory to the card's and keep SDPA to the
@@ -66,7 +67,7 @@ def device_in_use() -> None:
     """
     from verl_compat.simulate import prepare_device
 
-    prepare_device(_profile())
+    prepare_device(_profile(), process)
 
 
 # Driver ---------------------------------------------------------------------------------------------------------
@@ -188,6 +189,7 @@ def resolve_model_config(model_config: Any) -> Any:
     (verl's BaseConfig freezes fields) and returns the object.
     """
     profile = _profile()
+    register_if_used(getattr(getattr(model_config, "hf_config", None), "_attn_implementation", None))
     hf_config = getattr(model_config, "hf_config", None)
     current = getattr(hf_config, "_attn_implementation", None)
     if hf_config is not None and isinstance(current, str):
@@ -195,6 +197,7 @@ def resolve_model_config(model_config: Any) -> Any:
         chosen = _resolve(attention.resolve_attention, "attention", key, current, current, profile=profile)
         if chosen != current:
             hf_config._attn_implementation = chosen
+            register_if_used(chosen)
     if getattr(model_config, "use_liger", False):
         key = keys.model_keys("use_liger")
         if not _resolve(kernels.resolve_liger, "kernels.liger", key, True, True, profile=profile):
@@ -215,7 +218,7 @@ def hf_rollout_dtype_and_attn(rollout_config: Any, model_config: Any) -> Any:
     attention are used when they can run here (sm_80+ included: flash_attention_2 without a usable flash-attn
     becomes sdpa).
     """
-    device_in_use()
+    device_in_use("rollout")
     profile = _profile()
     configured = _cfg_get(rollout_config, "dtype", "bfloat16")
     facts = {"train_dtype": dtype.default_train_dtype(profile)}
@@ -243,6 +246,7 @@ def hf_rollout_dtype_and_attn(rollout_config: Any, model_config: Any) -> Any:
         identity=False,
         profile=profile,
     )
+    register_if_used(chosen_attn)
     return dtype.torch_dtype(chosen_dtype), chosen_attn
 
 

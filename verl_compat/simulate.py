@@ -18,9 +18,11 @@ log = logging.getLogger("verl_compat.simulate")
 _capped: set[int] = set()
 
 
-def prepare_device(profile: DeviceProfile) -> float | None:
-    """Limit this process's CUDA caching allocator to the simulated card's memory and its SDPA kernels to the
-    card's; returns the fraction set (None when nothing was done: a real card, no CUDA, or already done)."""
+def prepare_device(profile: DeviceProfile, process: str | None = None) -> float | None:
+    """Limit this process's CUDA caching allocator to the simulated card's memory, or to the share of it the
+    memory plan gives `process` ("trainer" | "rollout"), so all processes together stay within the card, and its
+    SDPA kernels to the card's; returns the fraction set (None when nothing was done: a real card, no CUDA, or
+    already done)."""
     if not profile.simulated or profile.device_type != "cuda" or not profile.total_memory_bytes:
         return None
     import torch
@@ -31,22 +33,23 @@ def prepare_device(profile: DeviceProfile) -> float | None:
     if device in _capped:
         return None
     from verl_compat.detect import real_device
+    from verl_compat.planner.resolve import planned_share
 
     real = real_device().total_memory_bytes or torch.cuda.get_device_properties(device).total_memory
-    fraction = min(1.0, profile.total_memory_bytes / real)
+    share = planned_share(process) if process else None
+    allowed = min(profile.total_memory_bytes, share or profile.total_memory_bytes)
+    fraction = min(1.0, allowed / real)
     torch.cuda.set_per_process_memory_fraction(fraction, device)
     _capped.add(device)
     if profile.sm is not None and profile.sm < 80:
         torch.backends.cuda.enable_flash_sdp(False)
         torch.backends.cuda.enable_cudnn_sdp(False)
     log.warning(  # a warning, so every Ray worker's log shows that its memory is capped
-        "simulating %s: this process may allocate %.1f GiB of the %.1f GiB on cuda:%d",
+        "simulating %s: this process (%s) may allocate %.1f GiB of the %.1f GiB on cuda:%d",
         profile.describe(),
-        profile.total_memory_bytes / 2**30,
+        f"{process}, planned share" if share else "no plan",
+        allowed / 2**30,
         real / 2**30,
         device,
     )
     return fraction
-
-
-cap_memory = prepare_device  # the name the audit benchmark and earlier callers use

@@ -8,6 +8,7 @@ and on CPU to its flash/math kernels. `eager` is the last resort.
 from __future__ import annotations
 
 from verl_compat.decision import Decision
+from verl_compat.packed.attention import VARLEN
 from verl_compat.profile import DeviceProfile
 from verl_compat.resolvers.checks import requires
 from verl_compat.resolvers.registry import Context, Option, Reason, Registry, Request, choose, hard, soft
@@ -26,6 +27,12 @@ def _fa3_reasons(ctx: Context) -> list[Reason]:
 ATTENTION_OPTIONS: tuple[Option, ...] = (
     Option("flash_attention_2", _fa2_reasons, "FlashAttention-2 (upstream verl's default)", 10),
     Option("flash_attention_3", _fa3_reasons, "FlashAttention-3", 11),
+    Option(
+        VARLEN,
+        why="torch SDPA, and packed sequences (remove padding) through torch's varlen memory-efficient kernel "
+        "(per-sequence SDPA on a CPU): verl_compat/packed",
+        priority=15,
+    ),
     Option(
         "sdpa",
         why="torch SDPA: memory-efficient kernel on CUDA sm_50+ (fp16 and fp32), flash/math kernels on CPU; "
@@ -51,7 +58,7 @@ def resolve_attention(request: Request, profile: DeviceProfile, registry: Regist
 
 def _rmpad_on_reasons(ctx: Context) -> list[Reason]:
     attn = ctx.fact("attention")
-    if attn in FLASH_IMPLEMENTATIONS:
+    if attn in FLASH_IMPLEMENTATIONS or attn == VARLEN:
         return []
     return [
         soft(

@@ -1,12 +1,12 @@
-"""Memory resolvers: report-only for now (upstream values kept, with the reason), so the doctor shows them.
-
-Changing offload, micro-batch or gpu_memory_utilization needs measurements per card (DESIGN.md: "measure before
-changing"); until then these decisions keep the config's value and say what it means on this device.
+"""Memory resolvers. The plan (micro-batches, offload, gradient checkpointing, the rollout's batch / KV budget)
+comes from `verl_compat.planner` (`resolve_plan`); the single-key resolvers below only report.
 """
 
 from __future__ import annotations
 
 from verl_compat.decision import Decision
+from verl_compat.planner.resolve import export_shares, is_auto  # noqa: F401  (used by the policy)
+from verl_compat.planner.resolve import plan_decisions as resolve_plan  # noqa: F401
 from verl_compat.profile import DeviceProfile
 from verl_compat.resolvers.registry import Request, passthrough
 
@@ -25,14 +25,3 @@ def resolve_gpu_memory_utilization(request: Request, profile: DeviceProfile) -> 
     else:
         why = f"{engine} reserves this fraction of {_gib(profile)} for weights + KV cache (upstream value kept)"
     return passthrough(request, profile, [why])
-
-
-def resolve_param_offload(request: Request, profile: DeviceProfile) -> Decision:
-    """fsdp_config.param_offload (actor)."""
-    why = "parameters live in host memory already" if profile.is_cpu else f"upstream value kept on {_gib(profile)}"
-    return passthrough(request, profile, [why])
-
-
-def resolve_gradient_checkpointing(request: Request, profile: DeviceProfile) -> Decision:
-    """model.enable_gradient_checkpointing."""
-    return passthrough(request, profile, ["upstream value kept: recomputes activations to save memory"])

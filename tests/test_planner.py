@@ -1,0 +1,179 @@
+"""The memory planner over catalog profiles x Qwen2.5 sizes x algorithms: a plan fits by its own estimate, values
+the user set are kept, and a job that cannot fit is refused with the overflow and a change that does fit."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import pytest
+from planner_shapes import config_dict, write_config
+
+from verl_compat.catalog import get_profile
+from verl_compat.planner import keys as K
+from verl_compat.planner.estimate import GIB
+from verl_compat.planner.job import JobSpec, Setting
+from verl_compat.planner.search import PlanError, plan_job
+from verl_compat.planner.shape import ModelShape
+
+PROFILES = ["p40", "p100", "v100", "t4", "gtx1660"]
+DTYPE = {"p40": 4, "p100": 2, "v100": 2, "t4": 2, "gtx1660": 4}
+ALGOS = {  # (critic, reference, samples per prompt)
+    "ppo_gae_kl_reward": (True, True, 1),
+    "grpo_kl_loss": (False, True, 4),
+    "ppo_no_ref": (True, False, 1),
+}
+
+
+def _job(profile: str, size: str, algo: str, batch: int = 32, **settings) -> JobSpec:
+    p = get_profile(profile)
+    shape = ModelShape.from_config(config_dict(size))
+    critic, ref, n = ALGOS[algo]
+    b = DTYPE[profile]
+    return JobSpec(
+        actor=shape,
+        critic=shape if critic else None,
+        need_ref=ref,
+        card_bytes=p.total_memory_bytes,
+        device=p.describe(),
+        prompt_len=256,
+        response_len=256,
+        train_batch=batch,
+        n=n,
+        mini_batch=batch,
+        critic_mini_batch=batch,
+        train_bytes=b,
+        critic_train_bytes=b,
+        rollout_bytes=b,
+        settings={k: Setting(v, True) for k, v in settings.items()},
+    )
+
+
+def test_parameter_counts_match_the_published_sizes():
+    counts = {s: ModelShape.from_config(config_dict(s)).lm_params / 1e9 for s in ("0.5B", "1.5B", "3B", "7B")}
+    assert counts == pytest.approx({"0.5B": 0.494, "1.5B": 1.544, "3B": 3.086, "7B": 7.616}, rel=0.01)
+
+
+@pytest.mark.parametrize("algo", sorted(ALGOS))
+@pytest.mark.parametrize("size", ["0.5B", "1.5B", "3B", "7B"])
+@pytest.mark.parametrize("profile", PROFILES)
+def test_plan_fits_by_its_own_estimate_or_is_refused_with_numbers(profile, size, algo):
+    job = _job(profile, size, algo)
+    try:
+        plan = plan_job(job, profile)
+    except PlanError as e:
+        msg = str(e)
+        over = float(re.search(r"([\d.]+) GiB more than the card", msg).group(1))
+        assert over > 0 and "Smallest change that fits" in msg and get_profile(profile).describe() in msg
+        needed = float(re.search(r"the smallest plan needs ([\d.]+) GiB", msg).group(1))
+        assert needed * GIB > job.card_bytes
+        return
+    e = plan.estimate
+    assert e.fits and e.total <= job.card_bytes
+    assert e.share("trainer") >= max(ph.total for ph in e.trainer)
+    assert e.share("rollout") >= e.rollout_peak.total
+    c = plan.choice
+    assert job.mini_rows % c.actor_micro == 0 and job.critic_mini_rows % c.critic_micro == 0
+    assert 1 <= c.rollout_batch <= job.rows
+    writes = plan.writes()
+    assert (K.CRITIC_MICRO in writes) == (job.critic is not None)
+    assert (K.REF_MICRO in writes) == job.need_ref
+    assert writes[K.ROLLOUT_TOKENS] == c.rollout_batch * job.seq_len
+
+
+def test_small_models_fit_every_old_card_with_16_gb_or_more():
+    for profile in ("p40", "p100", "v100", "t4"):
+        for algo in ALGOS:
+            assert plan_job(_job(profile, "0.5B", algo), profile).estimate.fits
+
+
+def test_the_p40_ppo_job_batches_the_whole_rollout():
+    plan = plan_job(_job("p40", "0.5B", "ppo_gae_kl_reward"), "p40")
+    assert plan.choice.rollout_batch == 32  # one generate call for the step's 32 sequences
+    assert plan.choice.actor_micro >= 2 and plan.estimate.total <= get_profile("p40").total_memory_bytes
+
+
+def test_an_impossible_explicit_micro_batch_is_refused_with_the_overflow_and_a_fix_that_fits():
+    job = _job("p40", "0.5B", "ppo_gae_kl_reward", **{K.ACTOR_MICRO: 32})
+    with pytest.raises(PlanError) as err:
+        plan_job(job, "p40")
+    msg = str(err.value)
+    assert f"kept as set: {K.ACTOR_MICRO}=32" in msg and "update_actor" in msg
+    over = float(re.search(r"([\d.]+) GiB more than the card", msg).group(1))
+    assert 1 < over < 40
+    fixed = int(re.search(rf"set {re.escape(K.ACTOR_MICRO)}=(\d+)", msg).group(1))
+    assert fixed < 32
+    assert plan_job(_job("p40", "0.5B", "ppo_gae_kl_reward", **{K.ACTOR_MICRO: fixed}), "p40").estimate.fits
+
+
+def test_a_model_too_big_for_the_card_gets_shorter_responses_or_a_smaller_model():
+    job = _job("p40", "1.5B", "ppo_gae_kl_reward")
+    with pytest.raises(PlanError) as err:
+        plan_job(job, "p40")
+    msg = str(err.value)
+    m = re.search(r"at most ~([\d.]+)B parameters, e\.g\. (\d+) layers", msg)
+    assert m, msg
+    layers = int(m.group(2))
+    smaller = job.with_(actor=dataclasses.replace(job.actor, layers=layers), critic=None)
+    smaller = smaller.with_(critic=smaller.actor)
+    assert plan_job(smaller, "p40").estimate.fits
+    bigger = smaller.with_(actor=dataclasses.replace(job.actor, layers=layers + 1))
+    bigger = bigger.with_(critic=bigger.actor)
+    with pytest.raises(PlanError):
+        plan_job(bigger, "p40")
+
+
+def test_responses_too_long_for_the_card_get_a_length_that_fits():
+    job = _job("p40", "0.5B", "ppo_gae_kl_reward").with_(response_len=16384)
+    with pytest.raises(PlanError) as err:
+        plan_job(job, "p40")
+    length = int(re.search(r"data.max_response_length=(\d+)", str(err.value)).group(1))
+    assert 256 < length < 16384
+    assert plan_job(job.with_(response_len=length), "p40").estimate.fits
+    with pytest.raises(PlanError):
+        plan_job(job.with_(response_len=length + 1), "p40")
+
+
+def test_values_the_user_set_are_kept():
+    kept = {K.ACTOR_MICRO: 2, K.ACTOR_GC: True, K.ROLLOUT_BATCH: 8}
+    plan = plan_job(_job("p40", "0.5B", "ppo_gae_kl_reward", **kept), "p40")
+    assert (plan.choice.actor_micro, plan.choice.actor_gc, plan.choice.rollout_batch) == (2, True, 8)
+    assert not set(kept) & set(plan.writes())
+
+
+def test_auto_is_planned_and_sm80_plans_only_auto():
+    p = get_profile("a100")
+    base = _job("p40", "1.5B", "ppo_gae_kl_reward")
+    settings = {k: Setting(None, False) for k in K.PLANNED_KEYS} | {K.ACTOR_MICRO: Setting("auto", True)}
+    job = base.with_(
+        card_bytes=p.total_memory_bytes,
+        device=p.describe(),
+        train_bytes=2,
+        rollout_bytes=2,
+        critic_train_bytes=2,
+        settings=settings,
+    )
+    with pytest.raises(PlanError) as err:  # upstream's values (no offload) cannot hold 1.5B actor + critic
+        plan_job(job, "a100", sm80=True)
+    assert "optimizer_offload=True" in str(err.value) and "set them to auto" in str(err.value)
+    small = job.with_(
+        actor=ModelShape.from_config(config_dict("0.5B")), critic=ModelShape.from_config(config_dict("0.5B"))
+    )
+    plan = plan_job(small, "a100", sm80=True)
+    assert set(plan.writes()) == {K.ACTOR_MICRO}
+    assert plan.estimate.fits and plan.choice.actor_gc is False and plan.choice.actor_optim_offload is False
+
+
+def test_more_memory_never_plans_a_slower_step():
+    small = plan_job(_job("t4", "0.5B", "ppo_gae_kl_reward"), "t4")
+    big_card = _job("t4", "0.5B", "ppo_gae_kl_reward").with_(card_bytes=32 * GIB)
+    big = plan_job(big_card, "t4")
+    assert sum(big.seconds.values()) <= sum(small.seconds.values())
+
+
+def test_the_model_shape_is_read_from_config_json_without_weights(tmp_path):
+    folder = write_config(tmp_path / "q", "1.5B")
+    assert sorted(p.name for p in folder.iterdir()) == ["config.json"]
+    assert ModelShape.from_path(str(folder)) == ModelShape.from_config(config_dict("1.5B"))
+    with pytest.raises(FileNotFoundError, match="no model folder"):
+        ModelShape.from_path(str(tmp_path / "missing"))

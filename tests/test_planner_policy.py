@@ -1,0 +1,102 @@
+"""The planner behind the memory resolvers: verl's own config in, planned values out (only where allowed), the
+plan in the doctor, and the per-process shares that cap a simulated card's processes."""
+
+from __future__ import annotations
+
+import json
+import types
+
+import pytest
+from planner_shapes import write_config
+from verl_compat.user_keys import RequestedKeys
+
+from verl_compat.catalog import get_profile
+from verl_compat.planner import keys as K
+from verl_compat.planner.resolve import SHARES_ENV, planned_share
+from verl_compat.planner.search import PlanError
+from verl_compat.policy import compose_ppo_config, decide, resolve_job_config
+
+
+@pytest.fixture(scope="module")
+def job_overrides(tmp_path_factory) -> list[str]:
+    model = write_config(tmp_path_factory.mktemp("m") / "qwen2.5-0.5b", "0.5B")
+    return [
+        f"actor_rollout_ref.model.path={model}",
+        f"critic.model.path={model}",
+        "trainer.n_gpus_per_node=1",
+        "data.train_batch_size=32",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=32",
+        "critic.ppo_mini_batch_size=32",
+        "data.max_prompt_length=256",
+        "data.max_response_length=256",
+        "algorithm.use_kl_in_reward=true",
+    ]
+
+
+def _decide(profile: str, overrides: list[str]):
+    config = compose_ppo_config(overrides)
+    requested = RequestedKeys(o.split("=", 1)[0] for o in overrides)
+    return config, *decide(config, get_profile(profile), requested)
+
+
+def test_p40_gets_a_plan_for_every_value_left_unset(job_overrides):
+    _, decisions, writes = _decide("p40", job_overrides)
+    for key in (K.ACTOR_MICRO, K.LOGPROB_MICRO, K.REF_MICRO, K.CRITIC_MICRO, K.ROLLOUT_BATCH):
+        assert isinstance(writes[key], int) and writes[key] >= 1, key
+    assert writes[K.ROLLOUT_BATCH] == 32
+    plan = decisions["memory.plan"]
+    assert any(r.startswith("trainer/update_actor:") for r in plan.reasons)
+    assert any(r.startswith("rollout/generate:") for r in plan.reasons)
+    assert plan.value["total"] <= get_profile("p40").total_memory_bytes
+    assert repr(plan.value).startswith("fits: ")
+
+
+def test_a_value_the_user_set_is_kept_or_refused_at_start_up(job_overrides):
+    _, decisions, writes = _decide("p40", [*job_overrides, f"{K.ACTOR_MICRO}=2"])
+    assert K.ACTOR_MICRO not in writes and decisions[f"memory.{K.ACTOR_MICRO}"].value == 2
+    with pytest.raises(PlanError, match=rf"kept as set: {K.ACTOR_MICRO}=32.*Smallest change that fits: set "):
+        _decide("p40", [*job_overrides, f"{K.ACTOR_MICRO}=32", f"{K.LOGPROB_MICRO}=32"])
+
+
+def test_sm80_keeps_upstream_values_and_plans_only_auto(job_overrides):
+    _, _, writes = _decide("a100", job_overrides)
+    assert not set(writes) & set(K.PLANNED_KEYS)
+    config, _, writes = _decide("a100", [*job_overrides, f"{K.ACTOR_MICRO}=auto"])
+    planned = {k: v for k, v in writes.items() if k in K.PLANNED_KEYS}
+    assert list(planned) == [K.ACTOR_MICRO] and isinstance(planned[K.ACTOR_MICRO], int)
+
+
+def test_auto_without_a_readable_model_is_an_error():
+    with pytest.raises(PlanError, match="needs the model's config"):
+        _decide("p40", ["actor_rollout_ref.model.path=/nonexistent/model", f"{K.ACTOR_MICRO}=auto"])
+
+
+def test_shares_reach_the_simulated_cards_memory_caps(job_overrides, monkeypatch):
+    monkeypatch.setenv(SHARES_ENV, "")  # recorded, so the value the driver seam exports is undone afterwards
+    config = compose_ppo_config(job_overrides)
+    decisions = resolve_job_config(config, get_profile("p40"), RequestedKeys(o.split("=")[0] for o in job_overrides))
+    shares = json.loads(__import__("os").environ[SHARES_ENV])
+    assert shares == decisions["memory.plan"].value["shares"]
+    assert config.actor_rollout_ref.rollout.engine_kwargs.hf.max_batch_size == 32  # written into verl's config
+
+    import torch
+
+    from verl_compat import simulate
+
+    real = 141 * 2**30
+    calls = []
+    monkeypatch.setattr(simulate, "_capped", set())
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: types.SimpleNamespace(total_memory=real))
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, d: calls.append(f))
+    monkeypatch.setattr(torch.backends.cuda, "enable_flash_sdp", lambda on: None)
+    monkeypatch.setattr(torch.backends.cuda, "enable_cudnn_sdp", lambda on: None)
+    assert simulate.prepare_device(get_profile("p40"), "trainer") == pytest.approx(shares["trainer"] / real)
+    simulate._capped.clear()
+    assert simulate.prepare_device(get_profile("p40"), "rollout") == pytest.approx(shares["rollout"] / real)
+    assert sum(calls) * real <= get_profile("p40").total_memory_bytes  # together within the card
+    assert planned_share("trainer") == shares["trainer"]
+    monkeypatch.setenv(SHARES_ENV, "not json")
+    with pytest.raises(PlanError, match=SHARES_ENV):
+        planned_share("trainer")

@@ -1,0 +1,1 @@
+"""Dataset preparation in verl's RL parquet format (`verl-compat data NAME`)."""

@@ -1,0 +1,225 @@
+"""Bytes of every part of a PPO/GRPO step on one GPU, per process and phase.
+
+verl 0.9.1 (v1 trainer, one GPU per rank) puts actor, reference and critic in ONE trainer process (a colocated
+worker) and the rollout server in a second process. Within the trainer the phases run one after another, so its
+peak is the largest phase: the model of the phase fully on the GPU plus what the other models leave resident
+(parameters unless param_offload; AdamW state unless optimizer_offload; the reference always streams from host
+memory: verl gives a forward-only engine FSDP's CPU offload). Train mode loads the optimizer state for the
+update, so optimizer offload lowers the other phases, not the update itself.
+
+Activation sizes per token (worst case: every sequence at prompt + response length, remove-padding packing):
+- training, per layer: `ModelShape.saved_activation_elems_per_token_layer` elements (8h + 4i + 2kv + 2q; on a
+  CPU this matched torch's MemTracker within a few % for a Qwen2 shape, see tests/test_planner_measured.py);
+  with gradient checkpointing only each layer's input (h) is kept, plus one layer recomputed during backward;
+- log-prob phases: logits in the compute dtype plus fp32 work buffers of the vocabulary width (log-softmax
+  rows; the softmax of the entropy verl computes with old log-probs), or one layer's MLP intermediates if larger;
+- the update: logits, their gradient and two fp32 work rows of the vocabulary width per token (with
+  checkpointing: the larger of that and one recomputed layer).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from verl_compat.planner.job import JobSpec
+from verl_compat.planner.shape import ModelShape
+
+GIB = 2**30
+ADAM_STATES = 2  # exp_avg and exp_avg_sq, in the master dtype
+CONTEXT_TRAINER = int(0.75 * GIB)  # CUDA context, cuBLAS handles and NCCL buffers: outside the caching allocator
+CONTEXT_ROLLOUT = int(0.5 * GIB)
+FRAGMENTATION = 0.08  # caching-allocator overhead over the live peak, added to each process's share
+HEADROOM = 0.05  # of the card, kept free beyond every estimate
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One candidate plan: everything the planner decides."""
+
+    actor_micro: int
+    logprob_micro: int
+    ref_micro: int
+    critic_micro: int
+    critic_fwd_micro: int
+    actor_param_offload: bool
+    actor_optim_offload: bool
+    critic_param_offload: bool
+    critic_optim_offload: bool
+    actor_gc: bool
+    critic_gc: bool
+    rollout_batch: int  # sequences per generate call
+
+
+@dataclass
+class Phase:
+    process: str  # "trainer" | "rollout"
+    name: str
+    parts: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def total(self) -> int:
+        return sum(self.parts.values())
+
+
+def _train_acts(shape: ModelShape, tokens: int, b: int, gc: bool, lm_head: bool, entropy: bool) -> int:
+    per_layer = shape.saved_activation_elems_per_token_layer() * b
+    head = shape.vocab * (2 * b + 8 + (8 if entropy else 0)) if lm_head else 2 * shape.hidden * b
+    if gc:  # layer inputs, then either the layer being recomputed or the head's backward, not both at once
+        return tokens * (shape.layers * shape.hidden * b + max(per_layer, head))
+    return tokens * (shape.layers * per_layer + head)
+
+
+def _forward_acts(shape: ModelShape, tokens: int, b: int, lm_head: bool, entropy: bool) -> int:
+    body = shape.forward_transient_elems_per_token() * b
+    head = shape.vocab * (b + 4 + (4 if entropy else 0)) if lm_head else 0
+    return tokens * (2 * shape.hidden * b + max(body, head))
+
+
+def phase_activations(job: JobSpec, phase: str, micro: int, c: Choice) -> int:
+    """Activation bytes of one trainer phase at `micro` sequences per micro-batch."""
+    tokens, a, crit = micro * job.seq_len, job.actor, job.critic
+    if phase == "old_log_prob":
+        return _forward_acts(a, tokens, job.train_bytes, True, True)
+    if phase == "ref":
+        return _forward_acts(a, tokens, job.train_bytes, True, False)
+    if phase == "values":
+        return _forward_acts(crit, tokens, job.critic_train_bytes, False, False)
+    if phase == "update_critic":
+        return _train_acts(crit, tokens, job.critic_train_bytes, c.critic_gc, False, False)
+    if phase == "update_actor":
+        return _train_acts(a, tokens, job.train_bytes, c.actor_gc, True, job.actor_entropy)
+    return 0
+
+
+def _resident(params: int, job: JobSpec, param_offload: bool, optim_offload: bool) -> dict[str, int]:
+    return {
+        "weights": 0 if param_offload else params * job.master_bytes,
+        "optimizer": 0 if optim_offload else params * job.master_bytes * ADAM_STATES,
+    }
+
+
+def _cast_copies(shape: ModelShape, compute_bytes: int, master_bytes: int) -> int:
+    """FSDP2 mixed precision: the unit being computed (and the next, prefetched) in the compute dtype."""
+    return 0 if compute_bytes == master_bytes else 2 * shape.largest_unit_params * compute_bytes
+
+
+def trainer_phases(job: JobSpec, c: Choice) -> list[Phase]:
+    a, m = job.actor, job.master_bytes
+    pa = a.lm_params // job.world  # FSDP shards weights, grads and optimizer state over the ranks
+    phases: list[Phase] = []
+    crit = job.critic
+    pc = crit.value_params // job.world if crit else 0
+
+    def others(skip: str) -> dict[str, int]:
+        out = {}
+        if skip != "actor":
+            for k, v in _resident(pa, job, c.actor_param_offload, c.actor_optim_offload).items():
+                out[f"actor {k} (resident)"] = v
+        if crit and skip != "critic":
+            for k, v in _resident(pc, job, c.critic_param_offload, c.critic_optim_offload).items():
+                out[f"critic {k} (resident)"] = v
+        return out
+
+    cast_a = _cast_copies(a, job.train_bytes, m)
+    p = Phase("trainer", "old_log_prob", {"actor weights": pa * m, "actor fp16/32 unit copies": cast_a})
+    if not c.actor_optim_offload:
+        p.parts["actor optimizer (resident)"] = pa * m * ADAM_STATES
+    p.parts["activations"] = phase_activations(job, "old_log_prob", c.logprob_micro, c)
+    p.parts |= others("actor")
+    phases.append(p)
+
+    if job.need_ref:
+        p = Phase("trainer", "ref", {"reference units streamed from host": 2 * a.largest_unit_params * job.train_bytes})
+        p.parts["activations"] = phase_activations(job, "ref", c.ref_micro, c)
+        p.parts |= others("")
+        phases.append(p)
+
+    if crit:
+        cast_c = _cast_copies(crit, job.critic_train_bytes, m)
+        p = Phase("trainer", "values", {"critic weights": pc * m, "critic fp16/32 unit copies": cast_c})
+        if not c.critic_optim_offload:
+            p.parts["critic optimizer (resident)"] = pc * m * ADAM_STATES
+        p.parts["activations"] = phase_activations(job, "values", c.critic_fwd_micro, c)
+        p.parts |= others("critic")
+        phases.append(p)
+        p = Phase("trainer", "update_critic", {"critic weights": pc * m, "critic fp16/32 unit copies": cast_c})
+        p.parts |= {"critic grads": pc * m, "critic optimizer": pc * m * ADAM_STATES}
+        p.parts["activations"] = phase_activations(job, "update_critic", c.critic_micro, c)
+        p.parts |= others("critic")
+        phases.append(p)
+
+    p = Phase("trainer", "update_actor", {"actor weights": pa * m, "actor fp16/32 unit copies": cast_a})
+    p.parts |= {"actor grads": pa * m, "actor optimizer": pa * m * ADAM_STATES}
+    p.parts["activations"] = phase_activations(job, "update_actor", c.actor_micro, c)
+    p.parts |= others("actor")
+    phases.append(p)
+
+    p = Phase("trainer", "update_weights", {"actor weights": pa * m, "largest tensor gathered": a.embedding_params * m})
+    if not c.actor_optim_offload:
+        p.parts["actor optimizer (resident)"] = pa * m * ADAM_STATES
+    p.parts |= others("actor")
+    phases.append(p)
+    for ph in phases:
+        ph.parts = {k: v for k, v in ph.parts.items() if v}
+    return phases
+
+
+def rollout_phases(job: JobSpec, c: Choice) -> list[Phase]:
+    """The rollout server during generation (it holds only host memory while asleep)."""
+    a, rb = job.actor, job.rollout_bytes
+    rows = min(c.rollout_batch, job.rows)
+    kv = rows * job.seq_len * a.kv_bytes_per_token(rb)
+    prefill = rows * job.prompt_len * (a.forward_transient_elems_per_token() + 2 * a.hidden) * rb
+    sampling = rows * a.vocab * 4 * 4  # fp32 logits of the last position: processors, softmax, log-probs
+    parts = {
+        "rollout weights copy": a.lm_params * rb,
+        "KV cache": kv + kv // max(1, a.layers),  # DynamicCache grows by concatenation: one layer twice
+        "prefill / sampling work": max(prefill, sampling),
+    }
+    return [Phase("rollout", "generate", parts)]
+
+
+@dataclass
+class Estimate:
+    trainer: list[Phase]
+    rollout: list[Phase]
+    card_bytes: int
+    on_gpu: bool
+
+    @property
+    def trainer_peak(self) -> Phase:
+        return max(self.trainer, key=lambda p: p.total)
+
+    @property
+    def rollout_peak(self) -> Phase:
+        return max(self.rollout, key=lambda p: p.total)
+
+    def share(self, process: str) -> int:
+        """The allocator cap this process gets: its peak plus fragmentation."""
+        peak = self.trainer_peak if process == "trainer" else self.rollout_peak
+        return int(peak.total * (1 + FRAGMENTATION))
+
+    @property
+    def contexts(self) -> int:
+        return (CONTEXT_TRAINER + CONTEXT_ROLLOUT) if self.on_gpu else 0
+
+    @property
+    def headroom(self) -> int:
+        return int(self.card_bytes * HEADROOM)
+
+    @property
+    def total(self) -> int:
+        """What the card must hold: both shares, the contexts and the headroom."""
+        return self.share("trainer") + self.share("rollout") + self.contexts + self.headroom
+
+    @property
+    def overflow(self) -> int:
+        return self.total - self.card_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.overflow <= 0
+
+
+def estimate(job: JobSpec, c: Choice) -> Estimate:
+    return Estimate(trainer_phases(job, c), rollout_phases(job, c), job.card_bytes, job.on_gpu)

@@ -1,0 +1,143 @@
+"""`JobSpec`: what the planner needs from a verl config (lengths, batches, algorithm, dtypes, engine, card)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from verl_compat.planner import keys as K
+from verl_compat.planner.shape import ModelShape
+
+DTYPE_BYTES = {"fp32": 4, "float32": 4, "fp16": 2, "float16": 2, "half": 2, "bf16": 2, "bfloat16": 2}
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One planned key as the config holds it: the user's value (kept), `auto` (planned), or left alone."""
+
+    value: Any
+    requested: bool
+
+    @property
+    def auto(self) -> bool:
+        return isinstance(self.value, str) and self.value.strip().lower() == K.AUTO
+
+    @property
+    def fixed(self) -> bool:
+        """A value the planner must keep: set by the user and not `auto`."""
+        return self.requested and not self.auto
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    actor: ModelShape
+    critic: ModelShape | None  # None: no critic (GRPO and other critic-free estimators)
+    need_ref: bool
+    card_bytes: int
+    device: str  # DeviceProfile.describe()
+    prompt_len: int
+    response_len: int
+    train_batch: int  # prompts per step (data.train_batch_size)
+    n: int  # samples per prompt
+    mini_batch: int  # prompts per actor mini-batch
+    critic_mini_batch: int
+    world: int = 1  # GPUs (FSDP ranks); one rollout replica per GPU
+    train_bytes: int = 4  # compute dtype of the FSDP engines (mixed precision param_dtype)
+    critic_train_bytes: int = 4
+    master_bytes: int = 4  # FSDP master weights, grads and AdamW state
+    rollout_bytes: int = 4
+    engine: str = "hf"
+    on_gpu: bool = True  # False on a CPU: no CUDA contexts
+    actor_entropy: bool = False  # entropy_coeff != 0: the update keeps an entropy graph too
+    use_dynamic_bsz: bool = False
+    settings: Mapping[str, Setting] = field(default_factory=dict)
+
+    @property
+    def seq_len(self) -> int:
+        return self.prompt_len + self.response_len
+
+    @property
+    def rows(self) -> int:
+        """Sequences per step on one GPU."""
+        return max(1, self.train_batch * self.n // self.world)
+
+    @property
+    def mini_rows(self) -> int:
+        return max(1, self.mini_batch * self.n // self.world)
+
+    @property
+    def critic_mini_rows(self) -> int:
+        return max(1, self.critic_mini_batch * self.n // self.world)
+
+    def setting(self, key: str) -> Setting:
+        return self.settings.get(key, Setting(None, False))
+
+    def with_(self, **changes: Any) -> JobSpec:
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_verl_config(
+        cls,
+        config: Any,
+        card_bytes: int,
+        device: str,
+        is_requested: Callable[[str], bool],
+        dtypes: Mapping[str, str],
+        engine: str,
+        on_gpu: bool = True,
+        shape_loader: Callable[[str], ModelShape] | None = None,
+    ) -> JobSpec:
+        """From a composed verl DictConfig. `dtypes`: {"train", "train.critic", "rollout"} short names as the
+        dtype resolvers chose them. Raises ValueError when the model's config cannot be read."""
+        from omegaconf import OmegaConf
+
+        def get(key: str, default: Any = None) -> Any:
+            value = OmegaConf.select(config, key, default=default, throw_on_missing=False)
+            return default if value is None else value
+
+        remote = bool(get("actor_rollout_ref.model.trust_remote_code"))
+        load = shape_loader or (lambda p: ModelShape.from_path(p, remote))
+        actor_path = os.path.expanduser(str(get("actor_rollout_ref.model.path", "")))
+
+        def load_for(key: str, path: str) -> ModelShape:
+            try:
+                return load(path)
+            except (OSError, ValueError) as e:
+                raise type(e)(f"{key}={path}: {e}") from e
+
+        actor = load_for("actor_rollout_ref.model.path", actor_path)
+        critic_enable = get("critic.enable")
+        need_critic = bool(critic_enable) if critic_enable is not None else get("algorithm.adv_estimator") == "gae"
+        critic = None
+        if need_critic:
+            critic_path = os.path.expanduser(str(get("critic.model.path", actor_path) or actor_path))
+            critic = actor if critic_path == actor_path else load_for("critic.model.path", critic_path)
+        world = int(get("trainer.nnodes", 1)) * int(get("trainer.n_gpus_per_node", 1))
+        settings = {k: Setting(OmegaConf.select(config, k, default=None), is_requested(k)) for k in K.PLANNED_KEYS}
+        train_batch = int(get("data.train_batch_size", 1))
+        mini = int(get("actor_rollout_ref.actor.ppo_mini_batch_size", train_batch))
+        return cls(
+            actor=actor,
+            critic=critic,
+            need_ref=bool(get("algorithm.use_kl_in_reward", False)) or bool(get("actor_rollout_ref.actor.use_kl_loss")),
+            card_bytes=card_bytes,
+            device=device,
+            prompt_len=int(get("data.max_prompt_length", 512)),
+            response_len=int(get("data.max_response_length", 512)),
+            train_batch=train_batch,
+            n=int(get("actor_rollout_ref.rollout.n", 1)),
+            mini_batch=mini,
+            critic_mini_batch=int(get("critic.ppo_mini_batch_size", mini)),
+            world=max(1, world),
+            train_bytes=DTYPE_BYTES.get(str(dtypes.get("train", "fp32")).lower(), 4),
+            critic_train_bytes=DTYPE_BYTES.get(str(dtypes.get("train.critic", dtypes.get("train", "fp32"))).lower(), 4),
+            rollout_bytes=DTYPE_BYTES.get(str(dtypes.get("rollout", "fp32")).lower(), 4),
+            engine=str(engine),
+            on_gpu=on_gpu,
+            actor_entropy=float(get("actor_rollout_ref.actor.entropy_coeff", 0) or 0) != 0,
+            use_dynamic_bsz=bool(get("actor_rollout_ref.actor.use_dynamic_bsz", False)),
+            settings=settings,
+        )

@@ -1,0 +1,167 @@
+"""The planner behind the `memory` resolvers: decisions for the doctor, config writes for the driver seam, and
+the per-process shares that the simulated card's memory caps read (`VERL_COMPAT_MEMORY_SHARES`)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from verl_compat.decision import Decision
+from verl_compat.planner import keys as K
+from verl_compat.planner.job import JobSpec
+from verl_compat.planner.search import MemoryPlan, PlanError, plan_job
+from verl_compat.planner.shape import ModelShape
+from verl_compat.profile import DeviceProfile
+
+SHARES_ENV = "VERL_COMPAT_MEMORY_SHARES"  # {"trainer": bytes, "rollout": bytes}: read by simulate.prepare_device
+PLAN = "memory.plan"
+
+
+def card_bytes(profile: DeviceProfile) -> int | None:
+    """The card's memory; on a CPU the host's RAM (trainer and rollout share it)."""
+    if profile.total_memory_bytes:
+        return int(profile.total_memory_bytes)
+    if profile.is_cpu:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return None
+
+
+def speed_name(profile: DeviceProfile) -> str:
+    """Catalog key for the speed ranking (a detected 'Tesla P40' is the catalog's p40)."""
+    from verl_compat.catalog import CATALOG
+
+    if profile.name in CATALOG:
+        return profile.name
+    return next((k for k, e in CATALOG.items() if e.model == profile.name), profile.name)
+
+
+def is_auto(value: Any) -> bool:
+    return isinstance(value, str) and value.strip().lower() == K.AUTO
+
+
+def _decision(profile: DeviceProfile, category: str, key: str, value: Any, defaulted: bool, reasons, upstream=None):
+    return Decision(category, key, value, defaulted, profile.describe(), reasons=tuple(reasons), upstream=upstream)
+
+
+def plan_decisions(
+    config: Any,
+    profile: DeviceProfile,
+    is_requested: Callable[[str], bool],
+    decisions: Mapping[str, Decision],
+    shape_loader: Callable[[str], ModelShape] | None = None,
+) -> tuple[dict[str, Decision], dict[str, Any]]:
+    """(decisions, writes). Raises PlanError when a value the user set (or `auto`) cannot fit the card."""
+    autos = [k for k in K.PLANNED_KEYS if is_auto(OmegaConf.select(config, k, default=None))]
+    sm80 = profile.is_ampere_or_newer
+    memory = card_bytes(profile)
+    dtypes = {
+        "train": _value(decisions, "dtype.train", "bf16" if sm80 else "fp32"),
+        "train.critic": _value(decisions, "dtype.train.critic", _value(decisions, "dtype.train", "fp32")),
+        "rollout": _value(decisions, "dtype.rollout", "bfloat16" if sm80 else "float32"),
+    }
+    engine = _value(decisions, "rollout.engine", "hf")
+    try:
+        if memory is None:
+            raise ValueError(f"the memory of {profile.describe()} is unknown")
+        job = JobSpec.from_verl_config(
+            config, memory, profile.describe(), is_requested, dtypes, engine, not profile.is_cpu, shape_loader
+        )
+    except (OSError, ValueError) as e:  # no model config to read (verl's default path, a typo): nothing planned
+        if autos:
+            raise PlanError(
+                f"verl-compat memory plan: {', '.join(autos)}=auto needs the model's config, which could not be "
+                f"read ({type(e).__name__}: {e}). Fix: set actor_rollout_ref.model.path to a local model folder "
+                "or give these keys numbers"
+            ) from e
+        why = f"no plan: {type(e).__name__}: {e}"
+        return {PLAN: _decision(profile, PLAN, "(plan)", None, True, [why, "the config's memory values are kept"])}, {}
+    if sm80 and not autos:
+        why = "sm_80+: upstream verl's memory values, unchanged (set a key to `auto` to have it planned)"
+        return {PLAN: _decision(profile, PLAN, "(plan)", None, True, [why])}, {}
+    plan = plan_job(job, speed_name(profile), sm80)  # PlanError propagates: the start-up error
+    writes = plan.writes()
+    for key in autos:  # an `auto` the plan has no use for (no critic, not the hf engine) still needs a value
+        writes.setdefault(key, _UNUSED.get(key, 1))
+    changed = {k: v for k, v in writes.items() if OmegaConf.select(config, k, default=None) != v}
+    out = {PLAN: _decision(profile, PLAN, "(plan)", _summary(plan, writes), True, plan.table())}
+    for key in K.PLANNED_KEYS:
+        s = job.setting(key)
+        if key in writes:
+            out[f"memory.{key}"] = _decision(
+                profile, f"memory.{key}", key, writes[key], True, [f"planned ({K.LABELS[key]})"], s.value
+            )
+        elif s.fixed:
+            out[f"memory.{key}"] = _decision(
+                profile, f"memory.{key}", key, s.value, False, ["requested explicitly; fits the plan's estimate"]
+            )
+    return out, changed
+
+
+# What an unused `auto` becomes: upstream's default where it has one, else the smallest valid value.
+_UNUSED = {
+    K.GPU_UTIL: 0.5,
+    K.ROLLOUT_TOKENS: None,
+    **{k: False for k in (*K.OFFLOAD_KEYS, *K.GC_KEYS)},
+}
+
+
+def _value(decisions: Mapping[str, Decision], name: str, default: Any) -> Any:
+    d = decisions.get(name)
+    return default if d is None or d.value is None else d.value
+
+
+class PlanSummary(dict):
+    """The plan's numbers (JSON in `doctor --json`); one short line in the text report."""
+
+    def __repr__(self) -> str:
+        shares = self["shares"]
+        return (
+            f"fits: {self['total'] / 2**30:.1f} of {self['card'] / 2**30:.1f} GiB "
+            f"(trainer {shares['trainer'] / 2**30:.1f}, rollout {shares['rollout'] / 2**30:.1f} GiB)"
+        )
+
+
+def _summary(plan: MemoryPlan, writes: dict[str, Any]) -> dict[str, Any]:
+    e = plan.estimate
+    return PlanSummary(
+        {
+            "shares": plan.shares,
+            "contexts": e.contexts,
+            "headroom": e.headroom,
+            "card": plan.job.card_bytes,
+            "total": e.total,
+            "trainer_peak_phase": e.trainer_peak.name,
+            "writes": writes,
+        }
+    )
+
+
+def export_shares(decisions: Mapping[str, Decision]) -> dict[str, int] | None:
+    """Driver side: hand the plan's per-process shares to the Ray workers through the environment (a local Ray
+    cluster started by the driver inherits it)."""
+    d = decisions.get(PLAN)
+    shares = d.value.get("shares") if d is not None and isinstance(d.value, dict) else None
+    if shares:
+        os.environ[SHARES_ENV] = json.dumps(shares)
+    else:  # no plan this time: a share left from an earlier job in this process must not cap this one
+        os.environ.pop(SHARES_ENV, None)
+    return shares
+
+
+def planned_share(process: str) -> int | None:
+    """Worker side: this process's share in bytes, if the driver planned one."""
+    raw = os.environ.get(SHARES_ENV)
+    if not raw:
+        return None
+    try:
+        value = json.loads(raw).get(process)
+    except (ValueError, AttributeError):
+        raise PlanError(f"{SHARES_ENV}={raw!r} is not the JSON object the driver writes") from None
+    return int(value) if value else None
+
+
+__all__ = ["PlanError", "export_shares", "is_auto", "plan_decisions", "planned_share"]

@@ -1,0 +1,305 @@
+"""`plan_job`: the fastest plan (by `speed.step_seconds`) whose estimate fits the card; values the user set are
+kept, and a job that cannot fit raises `PlanError` with the overflow and the smallest change that fits.
+
+Search: every combination of offload (actor/critic params and optimizer), gradient checkpointing and rollout
+batch; for each, the rollout's share is fixed, and each trainer phase independently takes the largest
+micro-batch that fits what is left (a larger micro-batch is never slower, and phases do not share activations).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from verl_compat.errors import VerlCompatError
+from verl_compat.planner import keys as K
+from verl_compat.planner.estimate import (
+    CONTEXT_ROLLOUT,
+    CONTEXT_TRAINER,
+    FRAGMENTATION,
+    GIB,
+    HEADROOM,
+    Choice,
+    Estimate,
+    estimate,
+    phase_activations,
+    rollout_phases,
+    trainer_phases,
+)
+from verl_compat.planner.job import JobSpec
+from verl_compat.planner.speed import step_seconds
+
+# Choice field per planned key (rollout keys are derived from rollout_batch).
+FIELD = {
+    K.ACTOR_MICRO: "actor_micro",
+    K.LOGPROB_MICRO: "logprob_micro",
+    K.REF_MICRO: "ref_micro",
+    K.CRITIC_MICRO: "critic_micro",
+    K.CRITIC_FWD_MICRO: "critic_fwd_micro",
+    K.ACTOR_PARAM_OFFLOAD: "actor_param_offload",
+    K.ACTOR_OPTIM_OFFLOAD: "actor_optim_offload",
+    K.CRITIC_PARAM_OFFLOAD: "critic_param_offload",
+    K.CRITIC_OPTIM_OFFLOAD: "critic_optim_offload",
+    K.ACTOR_GC: "actor_gc",
+    K.CRITIC_GC: "critic_gc",
+    K.ROLLOUT_BATCH: "rollout_batch",
+}
+_MICRO_PHASE = {  # micro-batch field -> the trainer phase it sizes
+    "logprob_micro": "old_log_prob",
+    "ref_micro": "ref",
+    "critic_fwd_micro": "values",
+    "critic_micro": "update_critic",
+    "actor_micro": "update_actor",
+}
+
+
+class PlanError(VerlCompatError, ValueError):
+    """The job cannot fit the card: says by how much, where the peak is, and the smallest change that fits."""
+
+
+def gib(n: float) -> str:
+    return f"{n / GIB:.2f} GiB"
+
+
+def _divisors(n: int) -> list[int]:
+    return sorted({d for i in range(1, math.isqrt(n) + 1) if n % i == 0 for d in (i, n // i)}, reverse=True)
+
+
+def _as_int(value: Any) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+@dataclass
+class MemoryPlan:
+    job: JobSpec
+    choice: Choice
+    estimate: Estimate
+    seconds: dict[str, float]
+    free: frozenset[str]  # keys the planner chose (the rest kept as the config holds them)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def shares(self) -> dict[str, int]:
+        return {"trainer": self.estimate.share("trainer"), "rollout": self.estimate.share("rollout")}
+
+    def value(self, key: str) -> Any:
+        if key == K.ROLLOUT_TOKENS:
+            return self.choice.rollout_batch * self.job.seq_len
+        if key == K.GPU_UTIL:
+            used = self.estimate.share("rollout") + CONTEXT_ROLLOUT
+            return max(0.05, math.floor(100 * used / self.job.card_bytes) / 100)
+        return getattr(self.choice, FIELD[key])
+
+    def writes(self) -> dict[str, Any]:
+        """{config key: planned value} for the keys the planner may fill."""
+        out = {}
+        hf = self.job.engine == "hf"
+        for key in self.free:
+            if key in (K.ROLLOUT_BATCH, K.ROLLOUT_TOKENS) and not hf:
+                continue
+            if key == K.GPU_UTIL and hf:
+                continue
+            if self.job.critic is None and key.startswith("critic."):
+                continue
+            if not self.job.need_ref and key == K.REF_MICRO:
+                continue
+            out[key] = self.value(key)
+        return out
+
+    def table(self) -> list[str]:
+        """The estimate per process and phase, and the plan, as text lines (the doctor prints them)."""
+        e, job = self.estimate, self.job
+        lines = [
+            f"model {job.actor.describe()}; {job.rows} sequences/step of {job.prompt_len}+{job.response_len} "
+            f"tokens per GPU; critic {'yes' if job.critic else 'no'}, reference {'yes' if job.need_ref else 'no'}",
+        ]
+        for ph in [*e.trainer, *e.rollout]:
+            parts = ", ".join(f"{k} {gib(v)}" for k, v in ph.parts.items())
+            lines.append(f"{ph.process}/{ph.name}: {gib(ph.total)} = {parts}")
+        lines.append(
+            f"card {gib(job.card_bytes)} = trainer share {gib(e.share('trainer'))} (peak {e.trainer_peak.name} + "
+            f"{FRAGMENTATION:.0%} allocator slack) + rollout share {gib(e.share('rollout'))} + CUDA contexts "
+            f"{gib(e.contexts)} + headroom {gib(e.headroom)} ({HEADROOM:.0%}); free {gib(-e.overflow)}"
+        )
+        total = sum(self.seconds.values())
+        lines.append(
+            "estimated step (ranking only) "
+            + f"{total:.1f} s: "
+            + ", ".join(f"{k} {v:.1f}" for k, v in self.seconds.items() if v)
+        )
+        chosen = ", ".join(
+            f"{k.split('.', 1)[1] if k.startswith('actor_rollout_ref.') else k}={v}"
+            for k, v in sorted(self.writes().items())
+        )
+        lines.append(f"plan: {chosen or '(nothing to fill: every value is set)'}")
+        lines.extend(f"note: {n}" for n in self.notes)
+        return lines
+
+
+def _options(job: JobSpec, key: str, free: frozenset[str]) -> list[Any]:
+    """Candidate values of one Choice field: the planner's set when free, else the config's value."""
+    s = job.setting(key)
+    fld = FIELD[key]
+    if key not in free:
+        if fld.endswith("micro") or fld == "rollout_batch":
+            v = _as_int(s.value)
+            return [v if v and v > 0 else (job.rows if fld == "rollout_batch" else 1)]
+        return [bool(s.value)]
+    if fld in ("actor_micro",):
+        return _divisors(job.mini_rows)
+    if fld == "critic_micro":
+        return _divisors(job.critic_mini_rows)
+    if fld.endswith("micro"):
+        return _divisors(job.rows)
+    if fld == "rollout_batch":
+        return sorted({-(-job.rows // k) for k in range(1, job.rows + 1)}, reverse=True)
+    if fld.startswith("critic") and job.critic is None:
+        return [False]
+    return [False, True]
+
+
+def _trainer_budget(job: JobSpec, rollout_share: int) -> int:
+    contexts = CONTEXT_TRAINER + CONTEXT_ROLLOUT if job.on_gpu else 0
+    left = job.card_bytes - int(job.card_bytes * HEADROOM) - contexts - rollout_share
+    return int(left / (1 + FRAGMENTATION))
+
+
+def _search(
+    job: JobSpec, free: frozenset[str], device_name: str, closest_too: bool = False
+) -> tuple[MemoryPlan | None, Estimate | None]:
+    """(best plan or None, and with `closest_too` the least-overflowing estimate, for the error message)."""
+    opts = {fld: _options(job, key, free) for key, fld in FIELD.items()}
+    flags = ["actor_param_offload", "actor_optim_offload", "critic_param_offload", "critic_optim_offload"]
+    flags += ["actor_gc", "critic_gc"]
+    smallest = {f: min(opts[f]) for f in _MICRO_PHASE}
+    best: tuple[float, int, MemoryPlan] | None = None
+    closest: Estimate | None = None
+    for combo in itertools.product(*(opts[f] for f in flags)):
+        base = Choice(**dict(zip(flags, combo, strict=True)), **smallest, rollout_batch=1)
+        # each phase's size for each of its micro-batch candidates (phases do not depend on the rollout batch)
+        phases = {p.name: p for p in trainer_phases(job, base)}
+        sized: dict[str, list[tuple[int, int]]] = {}
+        for fld, phase in _MICRO_PHASE.items():
+            ph = phases.get(phase)
+            fixed = ph.total - ph.parts.get("activations", 0) if ph else 0
+            sized[fld] = [(v, fixed + phase_activations(job, phase, v, base) if ph else 0) for v in opts[fld]]
+        penalty = sum(bool(v) for v in combo)
+        for batch in opts["rollout_batch"]:
+            choice = dataclasses.replace(base, rollout_batch=batch)
+            rollout_share = int(rollout_phases(job, choice)[0].total * (1 + FRAGMENTATION))
+            budget = _trainer_budget(job, rollout_share)
+            picks = {fld: next((v for v, total in sized[fld] if total <= budget), None) for fld in _MICRO_PHASE}
+            ok = all(v is not None for v in picks.values())
+            if not ok and not closest_too:
+                continue
+            choice = dataclasses.replace(choice, **{f: v for f, v in picks.items() if v is not None})
+            est = estimate(job, choice)
+            if closest_too and (closest is None or est.overflow < closest.overflow):
+                closest = est
+            if not ok or not est.fits:
+                continue
+            seconds = step_seconds(job, choice, device_name)
+            rank = (sum(seconds.values()), penalty)
+            if best is None or rank < best[:2]:
+                best = (*rank, MemoryPlan(job, choice, est, seconds, free))
+    return (best[2] if best else None), closest
+
+
+def free_keys(job: JobSpec, sm80: bool) -> frozenset[str]:
+    """Keys the planner may choose: `auto` ones always; on older cards and CPUs also every key the user left."""
+    return frozenset(k for k in K.PLANNED_KEYS if job.setting(k).auto or (not sm80 and not job.setting(k).requested))
+
+
+def plan_job(job: JobSpec, device_name: str, sm80: bool = False) -> MemoryPlan:
+    """The plan for `job` on the card (`device_name`: catalog name, for the speed ranking)."""
+    free = free_keys(job, sm80)
+    plan, _ = _search(job, free, device_name)
+    if plan is not None:
+        if job.use_dynamic_bsz:
+            plan.notes.append("use_dynamic_bsz=true: verl sizes micro-batches by its token budgets instead")
+        return plan
+    _, closest = _search(job, free, device_name, closest_too=True)
+    raise PlanError(_explain_misfit(job, free, closest, device_name))
+
+
+def _explain_misfit(job: JobSpec, free: frozenset[str], closest: Estimate, device_name: str) -> str:
+    peak = closest.trainer_peak
+    parts = ", ".join(f"{k} {gib(v)}" for k, v in sorted(peak.parts.items(), key=lambda kv: -kv[1])[:5])
+    fixed = [k for k in K.PLANNED_KEYS if k not in free and job.setting(k).requested]
+    head = (
+        f"the job does not fit on {job.device}: even the smallest plan needs {gib(closest.total)}, "
+        f"{gib(closest.overflow)} more than the card's {gib(job.card_bytes)} "
+        f"(trainer peak {peak.name} {gib(peak.total)}: {parts}; rollout {gib(closest.rollout_peak.total)}; "
+        f"CUDA contexts {gib(closest.contexts)}; headroom {HEADROOM:.0%})"
+    )
+    if fixed:
+        head += "; kept as set: " + ", ".join(f"{k}={job.setting(k).value}" for k in fixed)
+    return f"verl-compat memory plan: {head}. Smallest change that fits: {_smallest_fix(job, free, fixed, device_name)}"
+
+
+def _smallest_fix(job: JobSpec, free: frozenset[str], fixed: list[str], device_name: str) -> str:
+    """One kept value released (micro-batches first, then offload, checkpointing, the rollout batch), else all
+    of them, else shorter responses or a smaller model."""
+    held = [k for k in K.PLANNED_KEYS if k not in free and k in FIELD]
+    for key in held:
+        plan, _ = _search(job, free | {key}, device_name)
+        if plan is not None:
+            how = "or remove it and let verl-compat plan it" if key in fixed else "or set it to auto"
+            return f"set {key}={plan.value(key)} ({K.LABELS[key]}) {how}"
+    everything = free | frozenset(held)
+    if held:
+        plan, _ = _search(job, everything, device_name)
+        if plan is not None:
+            changes = [f"{k}={plan.value(k)}" for k in held if plan.value(k) != _current(job, k)]
+            return "set " + ", ".join(changes) + " (or set them to auto and let verl-compat plan them)"
+    length = _largest(lambda r: _search(job.with_(response_len=r), everything, device_name)[0], job.response_len)
+    fixes = []
+    if length:
+        fixes.append(f"data.max_response_length={length} (shorter responses)")
+    layers = _largest(
+        lambda n: _search(
+            job.with_(actor=_scaled(job.actor, n), critic=job.critic and _scaled(job.critic, n)),
+            everything,
+            device_name,
+        )[0],
+        job.actor.layers,
+    )
+    if layers:
+        small = _scaled(job.actor, layers)
+        billions = small.lm_params / 1e9
+        fixes.append(f"a smaller model (at most ~{billions:.2f}B parameters, e.g. {layers} layers of this width)")
+    return " or ".join(fixes) if fixes else "a card with more memory: nothing of this model's width fits"
+
+
+def _current(job: JobSpec, key: str) -> Any:
+    return _options(job, key, frozenset())[0]
+
+
+def _scaled(shape, layers: int):
+    return dataclasses.replace(shape, layers=layers)
+
+
+def _largest(fits, upper: int) -> int | None:
+    """The largest n in [1, upper) for which fits(n) is truthy (monotone), by bisection."""
+    lo, hi = 0, upper  # fits(lo) assumed for lo=0 sentinel, not fits(hi)
+    if not fits(1):
+        return None
+    lo = 1
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def describe_keys(keys: Iterable[str]) -> str:
+    return ", ".join(K.LABELS.get(k, k) for k in keys)

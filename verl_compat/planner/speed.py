@@ -1,0 +1,96 @@
+"""A rough step-time model, used only to rank plans that fit (never to decide whether one fits).
+
+Per card: fp32 and fp16 matmul rate, memory bandwidth, host link (published datasheet figures; the ranking
+needs ratios, not exact times). Terms: generation = number of generate calls x response length x (a fixed
+per-token cost of transformers generate, measured ~20-28 ms on an H200 for 24 layers: research/gpu-baseline,
++ weight reads + batch FLOPs); training = FLOPs / rate with an efficiency that grows with tokens per
+micro-batch (x 4/3 with gradient checkpointing); offload = bytes moved over the host link per step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from verl_compat.planner.estimate import ADAM_STATES, Choice
+from verl_compat.planner.job import JobSpec
+
+
+@dataclass(frozen=True)
+class Rates:
+    fp32_tflops: float
+    fp16_tflops: float
+    mem_gbs: float
+    host_gbs: float
+
+
+RATES = {
+    "p40": Rates(11.8, 0.18, 347, 12),
+    "p100": Rates(9.3, 18.7, 732, 12),
+    "v100": Rates(15.7, 125, 900, 12),
+    "v100-32gb": Rates(14.0, 112, 900, 12),
+    "t4": Rates(8.1, 65, 320, 12),
+    "rtx2080ti": Rates(13.4, 54, 616, 12),
+    "gtx1660": Rates(5.0, 10, 192, 12),
+    "gtx1660ti": Rates(5.4, 11, 288, 12),
+    "a100": Rates(19.5, 312, 1555, 24),
+    "h100": Rates(67, 989, 3350, 50),
+    "cpu": Rates(0.2, 0.1, 20, 1000),
+}
+GENERIC = Rates(10, 20, 400, 12)
+GENERATE_STEP_S_PER_LAYER = 0.8e-3  # python/launch cost of one decode step of transformers generate, per layer
+MICRO_OVERHEAD_TOKENS = 512  # tokens of work a micro-batch's fixed cost is worth
+
+
+def rates_for(device_name: str) -> Rates:
+    return RATES.get(device_name, GENERIC)
+
+
+def _rate(r: Rates, dtype_bytes: int) -> float:
+    return (r.fp16_tflops if dtype_bytes == 2 else r.fp32_tflops) * 1e12
+
+
+def _compute_s(flops_per_token: float, tokens: int, micro_tokens: int, rate: float) -> float:
+    eff = micro_tokens / (micro_tokens + MICRO_OVERHEAD_TOKENS)
+    return flops_per_token * tokens / (rate * eff)
+
+
+def step_seconds(job: JobSpec, c: Choice, device_name: str) -> dict[str, float]:
+    r = rates_for(device_name)
+    a, seq, rows = job.actor, job.seq_len, job.rows
+    tokens = rows * seq
+    out: dict[str, float] = {}
+    calls = -(-rows // max(1, min(c.rollout_batch, rows)))
+    batch = min(c.rollout_batch, rows)
+    per_token = (
+        GENERATE_STEP_S_PER_LAYER * a.layers
+        + a.lm_params * job.rollout_bytes / (r.mem_gbs * 1e9)
+        + 2 * a.lm_params * batch / _rate(r, job.rollout_bytes)
+    )
+    out["gen"] = calls * job.response_len * per_token
+    fwd = 2.0 * a.lm_params
+    out["old_log_prob"] = _compute_s(fwd, tokens, c.logprob_micro * seq, _rate(r, job.train_bytes))
+    if job.need_ref:
+        out["ref"] = _compute_s(fwd, tokens, c.ref_micro * seq, _rate(r, job.train_bytes))
+    gc = 4 / 3
+    out["update_actor"] = _compute_s(
+        6.0 * a.lm_params * (gc if c.actor_gc else 1), tokens, c.actor_micro * seq, _rate(r, job.train_bytes)
+    )
+    moved = 0.0
+    pa = a.lm_params * job.master_bytes / job.world
+    if c.actor_param_offload:
+        moved += 2 * 3 * 2 * pa  # weights + grads buffers in and out, three actor phases
+    if c.actor_optim_offload:
+        moved += 2 * ADAM_STATES * pa
+    if job.critic:
+        pc = job.critic.value_params * job.master_bytes / job.world
+        cfwd = 2.0 * job.critic.value_params
+        out["values"] = _compute_s(cfwd, tokens, c.critic_fwd_micro * seq, _rate(r, job.critic_train_bytes))
+        out["update_critic"] = _compute_s(
+            3 * cfwd * (gc if c.critic_gc else 1), tokens, c.critic_micro * seq, _rate(r, job.critic_train_bytes)
+        )
+        if c.critic_param_offload:
+            moved += 2 * 2 * 2 * pc
+        if c.critic_optim_offload:
+            moved += 2 * ADAM_STATES * pc
+    out["offload"] = moved / (r.host_gbs * 1e9)
+    return out
