@@ -52,16 +52,22 @@ def resolve_config(config: Any) -> dict[str, Decision]:
     """Driver seam (main_ppo.py after auto_set_device): validate requests, write the policy into `config`.
 
     Requested keys come from the running Hydra app (command-line overrides + the user's primary config file).
-    Raises IncompatibleRequestError before any Ray/GPU work when an explicit request cannot run here.
+    A request the device cannot run, or a setting that cannot work (verl_compat.preflight, a broken checkpoint),
+    ends the job before any Ray/GPU work with one short message and exit code 2 (verl_compat.refusal).
     """
+    from verl_compat import checkpoints, preflight
     from verl_compat.cpu import size_for_host
     from verl_compat.policy import resolve_job_config
+    from verl_compat.refusal import refusals
     from verl_compat.requests import requested_keys_from_hydra
 
-    profile = _profile()
-    requested = requested_keys_from_hydra()
-    decisions = resolve_job_config(config, profile, requested)
-    size_for_host(config, requested)  # Ray/TransferQueue layout that fits this host (a silent hang otherwise)
+    with refusals():
+        profile = _profile()
+        requested = requested_keys_from_hydra()
+        decisions = resolve_job_config(config, profile, requested)
+        size_for_host(config, requested)  # Ray/TransferQueue layout that fits this host (a silent hang otherwise)
+        preflight.check_job(config, profile.describe())
+        checkpoints.check_at_startup(config, profile.describe())
     changed = [d for d in decisions.values() if d.defaulted and d.upstream is not None and d.value != d.upstream]
     log.info(
         "verl-compat: %s; %d setting(s) differ from upstream verl (`verl-compat doctor` explains)",
