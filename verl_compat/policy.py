@@ -129,7 +129,7 @@ def _dtypes(plan: _Plan) -> str:
         for sub in ("reduce_dtype", "buffer_dtype"):  # validated when given; fp32 otherwise
             sub_key = f"{mp_key}.{sub}"
             if sub_key in plan.requested and mp.get(sub) is not None:
-                dtype.resolve_train(Request("dtype.train", sub_key, mp[sub], True, "fp32"), p, plan.registry)
+                dtype.resolve_reduce(Request("dtype.reduce", sub_key, mp[sub], True, "fp32"), p, plan.registry)
         if not p.is_ampere_or_newer:
             resolved = {"param_dtype": mp.get("param_dtype") if req.requested else train}
             resolved |= {k: mp.get(k) or v for k, v in FULL_FP32_REDUCE.items()}

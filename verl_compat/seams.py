@@ -111,7 +111,10 @@ def fsdp_mixed_precision(mixed_precision_cfg: Any) -> Any:
     given = dict(mixed_precision_cfg)
     for key in ("param_dtype", "reduce_dtype", "buffer_dtype"):
         if given.get(key) is not None:
-            dtype.resolve_train(Request("dtype.train", f"fsdp_config.mixed_precision.{key}", given[key], True), profile)
+            resolve, category = (
+                (dtype.resolve_train, "dtype.train") if key == "param_dtype" else (dtype.resolve_reduce, "dtype.reduce")
+            )
+            resolve(Request(category, f"fsdp_config.mixed_precision.{key}", given[key], True), profile)
     if given.get("param_dtype") is None:
         return {**given, "param_dtype": train}
     return mixed_precision_cfg
