@@ -55,6 +55,7 @@ class _Plan:
     profile: DeviceProfile
     requested: RequestedKeys
     registry: Registry | None
+    platform: DeviceProfile  # where the job runs: the profile, or the CPU for a simulated card on a CPU host
     decisions: dict[str, Decision] = field(default_factory=dict)
     writes: dict[str, Any] = field(default_factory=dict)
 
@@ -83,14 +84,17 @@ def decide(
     profile: DeviceProfile,
     requested: RequestedKeys | Iterable[str],
     registry: Registry | None = None,
+    platform: DeviceProfile | None = None,
 ) -> tuple[dict[str, Decision], dict[str, Any]]:
     """Resolve every category; raise IncompatibleRequestError for an explicit request the device cannot honour.
 
+    `platform` decides placement (trainer.device, FSDP strategy) when it differs from the card (see
+    `placement_profile`); every other category follows `profile`.
     Returns (decisions by doctor category name, {config key: value} writes). Pure: `config` is not modified.
     """
     if not isinstance(requested, RequestedKeys):
         requested = RequestedKeys(requested)
-    plan = _Plan(config, profile, requested, registry)
+    plan = _Plan(config, profile, requested, registry, platform or profile)
     plan.decisions["torch"] = placement.resolve_torch_build(profile)
     _placement(plan)
     train = _dtypes(plan)
@@ -99,12 +103,27 @@ def decide(
     _rollout(plan, train, attn)
     _memory(plan)
     if profile.is_ampere_or_newer:  # identity: only a missing rollout.name may be filled in
-        plan.writes = {k: v for k, v in plan.writes.items() if k == f"{ROLLOUT}.name"}
+        keep = {f"{ROLLOUT}.name"}
+        if plan.platform is not profile:  # ... and, for a simulated card on a CPU host, the CPU placement
+            keep |= {"trainer.device", *(f"{FSDP_ROLES[r][1]}.strategy" for r in (ACTOR, CRITIC))}
+        plan.writes = {k: v for k, v in plan.writes.items() if k in keep}
     return plan.decisions, plan.writes
 
 
+def placement_profile(profile: DeviceProfile) -> DeviceProfile | None:
+    """The CPU profile where a simulated GPU runs on a host without one (VERL_COMPAT_DEVICE=p40 on a laptop):
+    the card decides dtypes, attention, kernels and rollout; the tensors, the FSDP strategy and the process
+    group live on the CPU platform (verl_compat.cpu.host). None where the job runs on the profile's device."""
+    from verl_compat.cpu import cpu_platform_wanted
+    from verl_compat.detect import cpu_profile
+
+    if profile.simulated and not profile.is_cpu and cpu_platform_wanted():
+        return cpu_profile()
+    return None
+
+
 def _placement(plan: _Plan) -> None:
-    p = plan.profile
+    p = plan.platform
     plan.add(
         "platform.device",
         placement.resolve_device(plan.request("platform.device", ["trainer.device"], "cuda"), p, plan.registry),
@@ -279,9 +298,10 @@ def resolve_job_config(
     profile: DeviceProfile,
     requested: RequestedKeys | Iterable[str],
     registry: Registry | None = None,
+    platform: DeviceProfile | None = None,
 ) -> dict[str, Decision]:
     """Validate the user's requests for `profile` and write the resolved values into `config` (in place)."""
-    decisions, writes = decide(config, profile, requested, registry)
+    decisions, writes = decide(config, profile, requested, registry, platform)
     apply_writes(config, writes)
     return decisions
 
@@ -314,7 +334,7 @@ def default_policy(
         config = compose_ppo_config(overrides)
     else:
         config = _compose_user_config(config_file, overrides)
-    decisions, _ = decide(config, profile, requested)
+    decisions, _ = decide(config, profile, requested, platform=placement_profile(profile))
     return decisions
 
 

@@ -57,14 +57,14 @@ def resolve_config(config: Any) -> dict[str, Decision]:
     """
     from verl_compat import checkpoints, preflight
     from verl_compat.cpu import size_for_host
-    from verl_compat.policy import resolve_job_config
+    from verl_compat.policy import placement_profile, resolve_job_config
     from verl_compat.refusal import refusals
     from verl_compat.requests import requested_keys_from_hydra
 
     with refusals():
         profile = _profile()
         requested = requested_keys_from_hydra()
-        decisions = resolve_job_config(config, profile, requested)
+        decisions = resolve_job_config(config, profile, requested, platform=placement_profile(profile))
         size_for_host(config, requested)  # Ray/TransferQueue layout that fits this host (a silent hang otherwise)
         preflight.check_job(config, profile.describe())
         checkpoints.check_at_startup(config, profile.describe())
