@@ -4,6 +4,9 @@ Run 1 trains GRPO with a checkpoint after every step and is killed with SIGKILL 
 worker at once) as soon as step 3's checkpoint folder appears, i.e. while its files are being written. Then one
 file of step 2's checkpoint is cut in half, as a full disk or an interrupted copy leaves it. Run 2 must skip
 both, naming the files, resume from step 1 (the newest complete checkpoint) and train steps 2 and 3 exactly once.
+
+Both runs simulate a P40 on this CPU-only host (VERL_COMPAT_DEVICE=p40, as the README shows how to check a P40
+job): the card's policy (fp32, sdpa, hf rollout) on the CPU platform (trainer.device=cpu, FSDP2).
 """
 
 from __future__ import annotations
@@ -33,7 +36,8 @@ def _cmd(home: Path, out: Path, steps: int) -> list[str]:
 
 
 def _env(metrics: Path) -> dict[str, str]:
-    return dict(os.environ, RAY_AUTH_MODE="disabled", HF_HUB_OFFLINE="1", VERL_FILE_LOGGER_PATH=str(metrics))
+    env = dict(os.environ, RAY_AUTH_MODE="disabled", HF_HUB_OFFLINE="1", VERL_FILE_LOGGER_PATH=str(metrics))
+    return env | {"VERL_COMPAT_DEVICE": "p40"}
 
 
 def _steps(metrics: Path) -> list[int]:
@@ -89,6 +93,7 @@ def test_kill_during_save_and_truncated_file_then_resume(tmp_path):
     assert f"{ckpt / 'global_step_3' / checkpoints.MANIFEST}: is missing" in text
     assert f"{shard}: has " in text
     assert f"Resuming from {ckpt / 'global_step_1'}" in text
+    assert "trainer.device: cuda -> cpu on cpu" in text and "param_dtype: bf16 -> fp32 on p40 (sm_61" in text
     assert _steps(second) == [2, 3]  # step 1 is not repeated; steps 2 and 3 (whose checkpoints broke) are not lost
     assert (ckpt / checkpoints.TRACKER).read_text().strip() == "3"
     assert checkpoints.verify(ckpt / "global_step_3") is None and checkpoints.verify(ckpt / "global_step_2") is None
