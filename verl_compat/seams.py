@@ -55,7 +55,7 @@ def resolve_config(config: Any) -> dict[str, Decision]:
     A request the device cannot run, or a setting that cannot work (verl_compat.preflight, a broken checkpoint),
     ends the job before any Ray/GPU work with one short message and exit code 2 (verl_compat.refusal).
     """
-    from verl_compat import checkpoints, preflight
+    from verl_compat import checkpoints, preflight, value_checks
     from verl_compat.cpu import size_for_host
     from verl_compat.policy import placement_profile, resolve_job_config
     from verl_compat.refusal import refusals
@@ -66,6 +66,7 @@ def resolve_config(config: Any) -> dict[str, Decision]:
         requested = requested_keys_from_hydra()
         decisions = resolve_job_config(config, profile, requested, platform=placement_profile(profile))
         size_for_host(config, requested)  # Ray/TransferQueue layout that fits this host (a silent hang otherwise)
+        value_checks.check_values(config, profile.describe())  # after the policy: bf16 on a P40 is refused as bf16
         preflight.check_job(config, profile.describe())
         checkpoints.check_at_startup(config, profile.describe())
     changed = [d for d in decisions.values() if d.defaulted and d.upstream is not None and d.value != d.upstream]
