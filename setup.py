@@ -5,12 +5,20 @@ wheel plus patches/series (see verl_compat/fork/).
 """
 
 import sys
+import types
 from pathlib import Path
 
 from setuptools import find_namespace_packages, setup
 
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
+
+# The build needs the fork tooling only (standard library). Register `verl_compat` as a bare package so that
+# importing verl_compat.fork does not run verl_compat/__init__.py, which imports device detection.
+if "verl_compat" not in sys.modules:
+    _bare = types.ModuleType("verl_compat")
+    _bare.__path__ = [str(ROOT / "verl_compat")]
+    sys.modules["verl_compat"] = _bare
 
 from verl_compat.fork.materialize import MaterializeError, materialize  # noqa: E402
 from verl_compat.fork.pin import Layout  # noqa: E402

@@ -52,7 +52,7 @@ def compose_ppo_config(overrides: list[str]) -> Any:
     import verl
     from verl_compat.detect import detect
     from verl_compat.policy import resolve_job_config
-    from verl_compat.requests import requested_keys
+    from verl_compat.user_keys import requested_keys
 
     config_dir = Path(verl.__file__).resolve().parent / "trainer" / "config"
     with initialize_config_dir(config_dir=str(config_dir), version_base=None):

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import verl_compat.cpu as cpu
+from verl_compat import machine
 from verl_compat.cpu import host
 from verl_compat.errors import IncompatibleRequestError
 
@@ -93,7 +94,7 @@ def test_gpu_host_keeps_upstream_detection(fresh_host: pytest.MonkeyPatch) -> No
 
     fresh_host.delenv("VERL_PLATFORM", raising=False)
     fresh_host.delenv("VERL_COMPAT_DEVICE", raising=False)
-    fresh_host.setattr(host, "_torch_sees_accelerator", lambda: True)
+    fresh_host.setattr(machine, "_torch_sees_accelerator", lambda: True)
     fresh_host.setattr(PlatformCUDA, "is_platform_available", lambda self, use_smi_check=False: True)
     assert PlatformCPU().is_platform_available(use_smi_check=True) is False
     assert _detect_platform_name() == "nvidia"
@@ -102,8 +103,8 @@ def test_gpu_host_keeps_upstream_detection(fresh_host: pytest.MonkeyPatch) -> No
 def test_gpu_host_seen_only_through_nvidia_smi(fresh_host: pytest.MonkeyPatch) -> None:
     """A CPU-only Ray actor on a GPU node: torch sees no device, nvidia-smi does; the CPU platform declines."""
     fresh_host.delenv("VERL_COMPAT_DEVICE", raising=False)
-    fresh_host.setattr(host, "_torch_sees_accelerator", lambda: False)
-    fresh_host.setattr(host, "_nvidia_smi_works", lambda: True)
+    fresh_host.setattr(machine, "_torch_sees_accelerator", lambda: False)
+    fresh_host.setattr(machine, "_nvidia_smi_works", lambda: True)
     assert host.cpu_platform_wanted() is False
 
 
@@ -111,7 +112,7 @@ def test_simulated_gpu_profile_keeps_cpu_platform(fresh_host: pytest.MonkeyPatch
     """VERL_COMPAT_DEVICE=p40 on a CPU host: the resolvers act as for a P40, tensors still live on the CPU."""
     fresh_host.setenv("VERL_COMPAT_DEVICE", "p40")
     assert host.cpu_platform_wanted() is True
-    fresh_host.setattr(host, "_torch_sees_accelerator", lambda: True)
+    fresh_host.setattr(machine, "_torch_sees_accelerator", lambda: True)
     host.reset_cache()
     assert host.cpu_platform_wanted() is False  # and on a GPU host, the GPU platform, P40 policy
 
@@ -119,7 +120,7 @@ def test_simulated_gpu_profile_keeps_cpu_platform(fresh_host: pytest.MonkeyPatch
 def test_forced_cpu_sets_verl_platform(fresh_host: pytest.MonkeyPatch) -> None:
     fresh_host.setenv("VERL_COMPAT_DEVICE", "cpu")
     fresh_host.delenv("VERL_PLATFORM", raising=False)
-    fresh_host.setattr(host, "_torch_sees_accelerator", lambda: True)  # even with a GPU
+    fresh_host.setattr(machine, "_torch_sees_accelerator", lambda: True)  # even with a GPU
     cpu.register_platform()
     assert os.environ["VERL_PLATFORM"] == "cpu"
     assert host.cpu_platform_wanted() is True
@@ -294,3 +295,24 @@ def test_fresh_process_with_simulated_p40_runs_on_cpu_platform() -> None:
         [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=180, check=True
     )
     assert out.stdout.split()[-3:] == ["cpu", "verl_compat.cpu.device_module", "p40"], out.stderr[-2000:]
+
+
+def test_check_ray_resources_keeps_upstreams_check_on_gpu_platforms(monkeypatch: pytest.MonkeyPatch) -> None:
+    """patches/0003: the one call replaces upstream's call; on a GPU platform it is upstream's check again."""
+    from verl_compat.cpu import ray_pools
+
+    calls: list[Any] = []
+
+    class Manager:
+        resource_pool_spec = {"global_pool": [2]}
+        max_colocate_count = 3
+
+        def _check_resource_available(self) -> None:
+            calls.append("upstream")
+
+    monkeypatch.setattr(ray_pools, "check_ray_cpu_resources", lambda spec, n: calls.append(("cpu", spec, n)))
+    monkeypatch.setattr(ray_pools, "ray_use_accelerator", lambda: True)
+    cpu.check_ray_resources(Manager())
+    monkeypatch.setattr(ray_pools, "ray_use_accelerator", lambda: False)
+    cpu.check_ray_resources(Manager())
+    assert calls == ["upstream", ("cpu", {"global_pool": [2]}, 3)]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import re
+import shutil
 import subprocess
 from pathlib import Path
 from types import SimpleNamespace
@@ -288,3 +289,30 @@ def test_probe_failure_becomes_reason(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(packages_mod, "find_installed", boom)
     st = packages_mod.probe_package("vllm", _covered("a100"), CUDA_BUILD)
     assert st.usable is False and st.reason.startswith("could not check:") and "corrupt" in st.reason
+
+
+def test_readme_torch_advice_is_the_table() -> None:
+    """One table of torch builds: the README shows it and the doctor's command for an old card."""
+    from verl_compat.torch_build import TESTED_TORCH, TORCH_BUILDS, readme_table
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert readme_table() in readme
+    old_card = install_command(TESTED_TORCH, (6, 1))
+    assert old_card in readme and "cu126" in old_card
+    assert f"pip install torch=={TESTED_TORCH} && " in readme  # the dev install line uses the same torch
+    assert TORCH_BUILDS[0].last_release == (2, 14)
+    assert "2.11.0" not in readme
+
+
+def test_host_facts_are_the_machine_not_the_simulated_card(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The card decided for (p40, simulated) apart from the machine used, each built once by detect."""
+    from verl_compat.detect import host, real_device
+
+    monkeypatch.setenv(ENV_VAR, "p40")
+    assert detect().name == "p40" and detect().simulated
+    facts = host()
+    assert facts is host()  # once per process
+    assert facts.cpu_count and facts.cpu_count >= 1 and facts.memory_bytes and facts.memory_bytes > 2**28
+    if CPU_TORCH and shutil.which("nvidia-smi") is None:
+        assert facts.accelerator is False and facts.accelerator_via is None
+        assert real_device().device_type == "cpu" and real_device().simulated is False

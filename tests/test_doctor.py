@@ -41,7 +41,7 @@ def test_p40_json_acceptance() -> None:
     out = _run_cli("--json", device="p40")
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
-    for section in ("device", "torch", "packages", "capabilities", "policy", "env", "plugins", "problems"):
+    for section in ("device", "host", "torch", "packages", "capabilities", "policy", "env", "plugins", "problems"):
         assert section in report
     dev = report["device"]
     assert dev["compute_capability"] == [6, 1] and dev["compute_capability_str"] == "6.1"
@@ -74,7 +74,14 @@ def test_text_report_sections(monkeypatch: pytest.MonkeyPatch, capsys: pytest.Ca
     monkeypatch.setenv(ENV_VAR, "t4")
     assert doctor.main([]) == 0
     text = capsys.readouterr().out
-    for title in ("== Device ==", "== PyTorch build ==", "== Optional packages ==", "== Policy", "== Problems =="):
+    for title in (
+        "== Device ==",
+        "== Host (the machine used) ==",
+        "== PyTorch build ==",
+        "== Optional packages ==",
+        "== Policy",
+        "== Problems ==",
+    ):
         assert title in text
     assert "7.5" in text and "64 KiB" in text
 
@@ -165,7 +172,106 @@ def test_broken_section_does_not_crash(monkeypatch: pytest.MonkeyPatch) -> None:
     def boom():
         raise RuntimeError("torch is on fire")
 
-    monkeypatch.setattr(doctor, "read_torch_build", boom)
+    monkeypatch.setattr(doctor, "coverage_of", lambda _profile: boom())
     report = doctor.build_report()
     assert "Could not collect" in report["torch"]["error"]
     assert "Could not collect" in doctor.render_text(report)
+
+
+def test_json_carries_every_candidate_with_structured_reasons() -> None:
+    out = _run_cli("--json", device="p40")
+    report = json.loads(out.stdout)
+    attn = report["policy"]["attention"]
+    values = [c["value"] for c in attn["candidates"]]
+    assert values[:1] == ["flash_attention_2"] and "sdpa" in values and "eager" in values
+    fa2 = attn["candidates"][0]
+    assert fa2["accepted"] is False
+    assert fa2["reasons"][0] == {
+        "code": "cc_too_old",
+        "message": "flash-attn 2 needs compute capability >= 8.0, device has 6.1",
+        "hard": True,
+        "actual": "6.1",
+        "required": ">= 8.0",
+    }
+    for entry in report["policy"].values():
+        for c in entry["candidates"]:
+            assert {"value", "accepted", "reasons"} <= set(c)
+            assert all({"code", "message", "hard", "actual", "required"} <= set(r) for r in c["reasons"])
+
+
+def test_explain_prints_the_same_record_as_json(capsys: pytest.CaptureFixture[str], monkeypatch) -> None:
+    monkeypatch.setenv(ENV_VAR, "v100")
+    report = doctor.build_report()
+    expected = Decision.from_dict(report["policy"]["dtype.train"]).explain()
+    assert doctor.main(["--explain", "dtype.train"]) == 0
+    out = capsys.readouterr().out
+    assert out.strip().split("\n\n")[0] == expected
+    assert "- 'bf16': no_native_bf16: needs native bf16 (compute capability >= 8.0), device has 7.0" in out
+
+
+def test_a100_without_flash_attn_defaults_to_sdpa_with_the_reason() -> None:
+    """`VERL_COMPAT_DEVICE=a100 verl-compat doctor --json` on a machine without flash-attn (this one)."""
+    import importlib.util
+
+    if importlib.util.find_spec("flash_attn") is not None:
+        pytest.skip("flash-attn is installed here")
+    report = json.loads(_run_cli("--json", device="a100").stdout)
+    assert report["packages"]["flash_attn"]["installed"] is False
+    for cat in ("attention", "attention.critic"):
+        attn = report["policy"][cat]
+        assert attn["value"] == "sdpa" and attn["defaulted"] is True and attn["identity"] is False
+        assert attn["upstream"] == "flash_attention_2"
+        assert "not installed" in attn["reasons"][0]
+        fa2 = next(c for c in attn["candidates"] if c["value"] == "flash_attention_2")
+        assert [r["code"] for r in fa2["reasons"]] == ["not_installed"]
+    # what upstream does where it runs is untouched: bf16, upstream's rollout dtype
+    assert report["policy"]["dtype.train"]["value"] == "bf16" and report["policy"]["dtype.train"]["identity"]
+
+
+def test_a_plugin_that_fails_to_load_shows_in_the_doctor(tmp_path: Path) -> None:
+    """A real (dist-info) install of a plugin whose register() raises: its error is in --json and the text."""
+    site = tmp_path / "site"
+    dist = site / "broken_compat_plugin-0.1.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-compat-plugin\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[verl_compat.plugins]\nbroken = broken_compat_plugin:register\n")
+    (site / "broken_compat_plugin.py").write_text(
+        "def register(registry):\n    raise RuntimeError('needs xformers 0.0.99')\n"
+    )
+    env_path = os.environ.get("PYTHONPATH", "")
+    os.environ["PYTHONPATH"] = str(site) + os.pathsep + env_path
+    try:
+        report = json.loads(_run_cli("--json", device="v100").stdout)
+        text = _run_cli(device="v100").stdout
+    finally:
+        os.environ["PYTHONPATH"] = env_path
+    plugins = report["plugins"]
+    assert {"name": "broken", "value": "broken_compat_plugin:register", "allowed": True} in plugins["entry_points"]
+    assert plugins["load_errors"] == {"broken": "RuntimeError: needs xformers 0.0.99"}
+    assert "load error: broken" in text and "needs xformers 0.0.99" in text
+
+
+def test_host_section_is_the_machine_used() -> None:
+    report = json.loads(_run_cli("--json", device="p40").stdout)
+    assert report["device"]["description"].startswith("p40 (sm_61") and report["device"]["simulated"] is True
+    host = report["host"]
+    assert host["cpu_count"] >= 1 and host["memory_bytes"] > 0
+    if CPU_TORCH and not host["accelerator"]:
+        assert host["real_device"] == "cpu" and host["accelerator_via"] is None
+
+
+def test_a_new_section_is_one_entry(monkeypatch: pytest.MonkeyPatch) -> None:
+    def memory_plan(profile):
+        return {"card memory": profile.describe(), "budget_gib": 20}
+
+    def broken(profile):
+        raise RuntimeError("no plan")
+
+    monkeypatch.setitem(doctor.EXTRA_SECTIONS, "memory_plan", memory_plan)
+    monkeypatch.setitem(doctor.EXTRA_SECTIONS, "broken_plan", broken)
+    monkeypatch.setenv(ENV_VAR, "p40")
+    report = doctor.build_report()
+    assert report["memory_plan"] == {"card memory": "p40 (sm_61, 22.4 GiB, simulated)", "budget_gib": 20}
+    assert "Could not collect" in report["broken_plan"]["error"]
+    text = doctor.render_text(report)
+    assert "== Memory plan ==" in text and "budget_gib:" in text and "no plan" in text

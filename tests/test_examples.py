@@ -11,7 +11,7 @@ from hydra import compose, initialize_config_dir
 from verl_compat.catalog import get_profile
 from verl_compat.policy import decide
 from verl_compat.quickstart.run import CONFIG_DIR
-from verl_compat.requests import keys_from_config_file, requested_keys
+from verl_compat.user_keys import keys_from_config_file, requested_keys
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "config"
 PATHS = ["actor_rollout_ref.model.path=/m", "reward.custom_reward_function.path=/r.py", "data.train_files=/t"]

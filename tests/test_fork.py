@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from verl_compat.fork.check import check
+from verl_compat.fork.check import check, control_flow_words
 from verl_compat.fork.materialize import MaterializeError, materialize, read_stamp
 from verl_compat.fork.pin import Layout, read_pin
 from verl_compat.fork.refresh import refresh
@@ -127,6 +127,62 @@ def test_patch_adding_logic_outside_verl_compat_fails_check(checkout):
     text = p.read_text().replace("+import verl_compat.activate", "+import os as _os")
     p.write_text(text)
     assert any("does not call verl_compat" in m for m in check(checkout).problems)
+
+
+@pytest.mark.parametrize(
+    ("patch", "seam", "logic", "words"),
+    [
+        (  # 0011 before the review: the gate written inside verl
+            "0011-kernels-compile-and-triton-ce.patch",
+            "+    _use_flash_ce = verl_compat.seams.flash_ce(_use_flash_ce)",
+            "+    _use_flash_ce = _use_flash_ce and verl_compat.seams.use_triton()",
+            "and",
+        ),
+        (  # 0003 before the review: an early return inside verl
+            "0003-cpu-ray-resource-pools.patch",
+            "+        verl_compat.cpu.check_ray_resources(self)",
+            "+        if not verl_compat.cpu.ray_use_accelerator(): return verl_compat.cpu.check_ray_cpu_resources()",
+            "if, return",
+        ),
+    ],
+)
+def test_patch_adding_control_flow_fails_check(checkout, patch, seam, logic, words):
+    p = checkout.patches / patch
+    text = p.read_text()
+    assert seam in text
+    p.write_text(text.replace(seam, logic, 1))
+    problems = [m for m in check(checkout).problems if "adds control flow" in m]
+    assert len(problems) == 1 and patch in problems[0] and f"({words})" in problems[0], problems
+
+
+def test_control_flow_words_ignore_strings_comments_and_kept_keywords():
+    assert not control_flow_words(['x = f("if a or b")  # if not, return', "import verl_compat.seams"])
+    assert control_flow_words(["y = a if c else b"]) == {"if": 1, "else": 1}
+    # upstream's own `if` on a replaced line is not added control flow (0011's torch.compile line)
+    added, removed = ["    if verl_compat.seams.torch_compile(x)"], ["    if x  #  use torch compile by default"]
+    assert not control_flow_words(added) - control_flow_words(removed)
+
+
+def test_forwarded_field_follows_dep3(checkout):
+    p = checkout.patches / "0005-value-model-attention-seam.patch"
+    assert "\nForwarded: no\n" in p.read_text()  # an upstream bug (verl #5210), not yet forwarded
+    p.write_text(p.read_text().replace("Forwarded: no", "Forwarded: maybe"))
+    assert any("Forwarded 'maybe'" in m for m in check(checkout).problems)
+
+
+def test_setup_imports_only_the_fork_tooling():
+    """setup.py runs in pip's build environment: it imports verl_compat.fork and no runtime module."""
+    code = (
+        "import runpy, sys\n"
+        "sys.argv = ['setup.py', '--name']\n"
+        "runpy.run_path('setup.py', run_name='__main__')\n"
+        "print(sorted(m for m in sys.modules if m.startswith('verl_compat')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    loaded = eval(out.stdout.strip().splitlines()[-1])
+    assert "verl_compat.fork.materialize" in loaded
+    assert all(m == "verl_compat" or m.startswith("verl_compat.fork") for m in loaded), loaded
 
 
 def test_materialiser_refuses_a_wheel_with_the_wrong_sha256(tmp_path, wheel, monkeypatch):

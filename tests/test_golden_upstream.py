@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import pytest
-import torch
 from omegaconf import OmegaConf
 
 from verl_compat import seams
 from verl_compat.catalog import get_profile
 from verl_compat.policy import compose_ppo_config, resolve_job_config
 from verl_compat.profile import DeviceProfile, PackageStatus
-from verl_compat.requests import requested_keys
+from verl_compat.user_keys import requested_keys
 
 USABLE = {
     name: PackageStatus(name, installed=True, version="x", usable=True)
@@ -101,11 +100,11 @@ def test_seams_return_upstream_values(monkeypatch: pytest.MonkeyPatch, name: str
     assert seams.fsdp_mixed_precision(given) is given
     assert seams.torch_compile_ok() is True
     assert seams.use_triton() is True
+    assert seams.torch_compile(True) is True and seams.torch_compile(False) is False
+    assert seams.flash_ce(True) is True and seams.flash_ce(False) is False
     assert seams.rollout_dtype("bfloat16") == "bfloat16"
     assert seams.rollout_enforce_eager(False) is False
     assert seams.rollout_enforce_eager(True) is True
-    assert seams.load_dtype(torch.bfloat16) is torch.bfloat16
-    assert seams.load_dtype(torch.float32) is torch.float32
     model = Model()
     assert seams.resolve_model_config(model) is model
     assert (model.hf_config._attn_implementation, model.use_liger, model.use_fused_kernels) == (

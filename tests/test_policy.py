@@ -12,7 +12,7 @@ from verl_compat.catalog import get_profile
 from verl_compat.errors import IncompatibleRequestError
 from verl_compat.policy import compose_ppo_config, default_policy, resolve_job_config
 from verl_compat.profile import DeviceProfile, PackageStatus
-from verl_compat.requests import requested_keys
+from verl_compat.user_keys import requested_keys
 
 FP32 = {"param_dtype": "fp32", "reduce_dtype": "fp32", "buffer_dtype": "fp32"}
 FP16 = {"param_dtype": "fp16", "reduce_dtype": "fp32", "buffer_dtype": "fp32"}
@@ -252,6 +252,12 @@ def test_torch_without_the_device_arch_fails_only_on_a_real_device() -> None:
         resolved(real)
     assert e.value.key == "torch"
     assert "sm_61" in e.value.reason and "cu126" in e.value.fix
+    # a real sm_80+ card without kernels runs nothing, upstream included: refused at start-up too
+    a100 = dataclasses.replace(
+        get_profile("a100"), simulated=False, torch_version="2.13.0+cpu", torch_covers_device=False
+    )
+    with pytest.raises(IncompatibleRequestError, match="sm_80"):
+        resolved(a100)
 
 
 def test_default_policy_for_doctor_p40_and_a100() -> None:

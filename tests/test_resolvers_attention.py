@@ -50,10 +50,13 @@ def test_explicit_fa2_without_flash_attn_installed_fails_even_on_ampere() -> Non
         attn(a100, requested=True)
     assert "'flash_attn' package, which is not installed" in e.value.reason
     assert "a100" in e.value.device and f"{KEY}=sdpa" in e.value.fix
-    # defaulted: identity (upstream's value, with a note for the doctor)
+    # defaulted: a default that cannot run falls back on every device (issue 7): sdpa, with the reason
     decision = attn(a100)
-    assert decision.value == "flash_attention_2"
-    assert any(r.startswith("note: not_installed") for r in decision.reasons)
+    assert decision.value == "sdpa" and decision.defaulted and not decision.identity
+    assert decision.reasons[0].startswith("sm_80+: upstream verl's value cannot run here: not_installed")
+    fa2 = next(c for c in decision.candidates if c.value == "flash_attention_2")
+    assert not fa2.accepted and [r.code for r in fa2.reasons] == ["not_installed"]
+    assert (fa2.reasons[0].actual, fa2.reasons[0].required) == ("absent", "flash_attn")
 
 
 def test_unusable_but_installed_flash_attn_on_ampere_is_only_a_note() -> None:

@@ -8,7 +8,7 @@ On sm_80+ every resolver returns exactly what upstream verl uses.
 # and the import system rebinds `verl_compat.detect` to the module when the submodule is first loaded. Binding
 # the function here, after that load, keeps `verl_compat.detect()` callable. detect.py imports no torch at
 # import time (torch is read inside detect()). Reach the module's other names with `from verl_compat.detect import`.
-from verl_compat.decision import Candidate, Decision
+from verl_compat.decision import Candidate, Decision, Reason
 from verl_compat.detect import detect
 from verl_compat.errors import IncompatibleRequestError, UnknownDeviceProfileError, VerlCompatError
 from verl_compat.profile import DeviceProfile, PackageStatus
@@ -22,6 +22,7 @@ __all__ = [
     "DeviceProfile",
     "IncompatibleRequestError",
     "PackageStatus",
+    "Reason",
     "UnknownDeviceProfileError",
     "VerlCompatError",
     "detect",

@@ -6,10 +6,8 @@ optional packages), so a simulated P40 on a CPU machine still reports that this 
 Sources (see research/hardware-matrix.md):
 - compute capability, memory and SM count: `torch.cuda.get_device_properties()` output published for each card;
   torch prints `total_memory` in MiB (floor), so `total_memory_bytes` is that figure * 2**20.
-- shared memory per block (opt-in): CUDA C Programming Guide, "Technical Specifications per Compute Capability"
-  (6.x 48 KiB, 7.0 96 KiB, 7.5 64 KiB, 8.0 163 KiB, 8.6/8.9 99 KiB, 9.0 227 KiB). The 7.5 figure matches Triton's
-  "out of resource: shared memory, Required: 98304, Hardware limit: 65536" on Turing; 8.0/8.6 match the Ampere
-  tuning guide's per-SM carve-outs (hardware-matrix section 5).
+- shared memory per block (opt-in) and every compute-capability threshold: `verl_compat.capabilities` (CUDA C
+  Programming Guide; 8.0/8.6 match the Ampere tuning guide's per-SM carve-outs, hardware-matrix section 5).
 - fp16 rates: P40 fp16 is 1:64 of fp32 (183.7 GFLOPS vs 11.76 TFLOPS); P100 has 2:1 packed fp16 (section 2c).
 """
 
@@ -17,28 +15,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from verl_compat.capabilities import (
+    NATIVE_BF16_CC,
+    PACKED_FP16_CC,
+    SMEM_OPTIN_BY_CC,
+    TENSOR_CORES_CC,
+    TRITON_CC,
+    TRITON_OFFICIAL_CC,
+    at_least,
+)
 from verl_compat.errors import UnknownDeviceProfileError
 from verl_compat.profile import DeviceProfile
 
-KIB = 1024
 MIB = 1024 * 1024
-
-# Opt-in shared memory per block by compute capability (CUDA C Programming Guide). Used for catalog entries;
-# detection reads the real value from the device instead.
-SMEM_OPTIN_BY_CC: dict[tuple[int, int], int] = {
-    (6, 0): 48 * KIB,
-    (6, 1): 48 * KIB,
-    (7, 0): 96 * KIB,
-    (7, 5): 64 * KIB,
-    (8, 0): 163 * KIB,
-    (8, 6): 99 * KIB,
-    (8, 9): 99 * KIB,
-    (9, 0): 227 * KIB,
-}
-
-# Packed (2:1) fp16 ALUs without tensor cores: sm_53 (Jetson TX1), sm_60 (P100), sm_62 (Jetson TX2).
-# sm_61 (P40, GTX 10xx) runs fp16 at 1/64 of fp32.
-_PACKED_FP16_CC = {(5, 3), (6, 0), (6, 2)}
 
 
 def is_gtx16(device_name: str | None) -> bool:
@@ -58,18 +47,18 @@ def hardware_traits(cc: tuple[int, int] | None, device_name: str | None = None) 
     """
     if cc is None:
         return {"native_bf16": False, "tensor_cores": False, "fast_fp16": False, "triton_capable": False}
-    tensor_cores = cc >= (7, 0) and not is_gtx16(device_name)
+    tensor_cores = cc >= TENSOR_CORES_CC and not is_gtx16(device_name)
     return {
-        "native_bf16": cc >= (8, 0),
+        "native_bf16": cc >= NATIVE_BF16_CC,
         "tensor_cores": tensor_cores,
-        "fast_fp16": tensor_cores or cc in _PACKED_FP16_CC,
-        "triton_capable": cc >= (7, 0),
+        "fast_fp16": tensor_cores or cc in PACKED_FP16_CC,
+        "triton_capable": cc >= TRITON_CC,
     }
 
 
 def triton_officially_supported(cc: tuple[int, int] | None) -> bool:
     """Triton's README lists compute capability 8.0+; sm_7x works on a best-effort basis."""
-    return cc is not None and cc >= (8, 0)
+    return at_least(cc, TRITON_OFFICIAL_CC)
 
 
 @dataclass(frozen=True)

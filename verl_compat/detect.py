@@ -4,6 +4,10 @@
 facts from the catalog, software facts (torch build, packages) from this machine. An unknown name is a user
 error and raises UnknownDeviceProfileError listing the valid names. `auto` or unset detects the real device:
 torch.cuda first, then `nvidia-smi` (a Ray driver may see no GPU through torch), else the CPU.
+
+Apart from the card decided for, detect keeps the machine used, each built once per process: `host()` (cores,
+memory, whether a real accelerator exists; verl_compat.machine) and `real_device()` (the real card's hardware
+profile, whatever VERL_COMPAT_DEVICE says).
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import shutil
 import subprocess
 from collections.abc import Callable
 
-from verl_compat import catalog
+from verl_compat import catalog, machine
 from verl_compat.packages import probe_packages
 from verl_compat.profile import DeviceProfile
 from verl_compat.torch_build import TorchBuild, coverage_for, read_torch_build
@@ -43,8 +47,22 @@ def requested_profile_name() -> str | None:
 
 
 def reset_cache() -> None:
-    """Forget cached profiles (tests change VERL_COMPAT_DEVICE between calls)."""
+    """Forget cached profiles and host facts (tests change VERL_COMPAT_DEVICE or fake the hardware)."""
     _detect_cached.cache_clear()
+    host.cache_clear()
+    real_device.cache_clear()
+
+
+@functools.cache
+def host() -> machine.HostFacts:
+    """The machine this process runs on (not the simulated card); cheap: no CUDA context is created."""
+    return machine.probe_host()
+
+
+@functools.cache
+def real_device() -> DeviceProfile:
+    """The real device's hardware profile (the first visible GPU, else the CPU), even when a card is simulated."""
+    return detect_hardware()
 
 
 @functools.cache
@@ -52,7 +70,7 @@ def _detect_cached(requested: str | None) -> DeviceProfile:
     if requested is not None:
         profile = simulated_profile(requested)  # unknown name raises: loud by design
     else:
-        profile = with_software(detect_hardware())
+        profile = with_software(real_device())
     logger.debug("device profile: %s", profile.describe())
     return profile
 
@@ -73,6 +91,8 @@ def with_software(profile: DeviceProfile, build: TorchBuild | None = None) -> De
             torch_cuda_version=build.cuda,
             torch_arch_list=tuple(build.arch_list),
             torch_covers_device=cov.covers,
+            torch_hip_version=build.hip,
+            torch_error=build.error,
         )
         return dataclasses.replace(profile, packages=probe_packages(profile, build))
     except Exception:

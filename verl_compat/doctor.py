@@ -1,27 +1,33 @@
 """`verl-compat doctor`: what this device is, what the torch build and packages can do on it, and the policy.
 
-Shaped like torch.utils.collect_env: `build_report()` returns a plain dict (the `--json` output), a printer renders
-it, and anything that cannot be read shows as "Could not collect" instead of crashing. Imports neither verl nor ray.
+Shaped like torch.utils.collect_env: `build_report()` returns one plain record (the `--json` output); the text
+printer and `--explain` render that same record, and anything that cannot be read shows as "Could not collect"
+instead of crashing. Device and torch facts come from the profile (detect), plugin state from the plugin loader,
+decisions from the resolvers: the doctor decides nothing itself. Imports neither verl nor ray.
+
+A new section is one entry in `EXTRA_SECTIONS` (name -> `(profile) -> dict`): it lands in the record under its
+name (a failure becomes "Could not collect") and the text report prints it as key: value lines.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import logging
 import os
 import sys
+from collections.abc import Callable
 from importlib import metadata
 from typing import Any
 
+from verl_compat import capabilities
 from verl_compat.catalog import CATALOG
 from verl_compat.decision import Decision
 from verl_compat.detect import ENV_VAR, detect
 from verl_compat.errors import VerlCompatError
 from verl_compat.packages import PACKAGE_NAMES, hardware_reasons
 from verl_compat.profile import DeviceProfile
-from verl_compat.torch_build import coverage_for, read_torch_build
+from verl_compat.torch_build import coverage_of
 
 logger = logging.getLogger("verl_compat.doctor")
 
@@ -46,6 +52,9 @@ ENV_PREFIXES = (
 SECRET_TERMS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH", "PRIVATE")
 DETECTED = "(detected)"  # Decision.key for detection-only entries: they fill no config key
 
+# Further sections, in order: name -> function of the profile returning a JSON-serialisable dict.
+EXTRA_SECTIONS: dict[str, Callable[[DeviceProfile], dict[str, Any]]] = {}
+
 
 # report sections ------------------------------------------------------------------------------------------------
 def device_section(profile: DeviceProfile) -> dict[str, Any]:
@@ -63,18 +72,27 @@ def device_section(profile: DeviceProfile) -> dict[str, Any]:
     return d
 
 
+def host_section(profile: DeviceProfile) -> dict[str, Any]:
+    """The machine used (detect.host / real_device), apart from the card decided for (`device`)."""
+    from verl_compat.detect import host, real_device
+
+    facts = host().to_dict()
+    facts["real_device"] = real_device().describe()
+    return facts
+
+
 def torch_section(profile: DeviceProfile) -> dict[str, Any]:
-    build = read_torch_build()
-    cov = coverage_for(build, profile)
+    """The torch build as detect() recorded it in the profile (read once per process), and its coverage."""
+    cov = coverage_of(profile)
     return {
-        "version": build.version,
-        "cuda": build.cuda,
-        "hip": build.hip,
-        "arch_list": list(build.arch_list),
+        "version": profile.torch_version,
+        "cuda": profile.torch_cuda_version,
+        "hip": profile.torch_hip_version,
+        "arch_list": list(profile.torch_arch_list),
         "covers_device": cov.covers,
         "reason": cov.reason,
         "advice": cov.advice,
-        "error": build.error,
+        "error": profile.torch_error,
     }
 
 
@@ -97,7 +115,8 @@ def detection_policy(profile: DeviceProfile) -> dict[str, Decision]:
     until a resolver module (verl_compat.policy) exists."""
     cc = profile.compute_capability
     where = profile.describe()
-    cc_txt = f"{cc[0]}.{cc[1]}" if cc else "none"
+    cc_txt = capabilities.cc_text(cc) if cc else "none"
+    bf16_cc, triton_cc = capabilities.cc_text(capabilities.NATIVE_BF16_CC), capabilities.cc_text(capabilities.TRITON_CC)
 
     def pkg(category: str, name: str, label: str) -> Decision:
         st = profile.package(name)
@@ -112,11 +131,11 @@ def detection_policy(profile: DeviceProfile) -> dict[str, Decision]:
         return Decision(category, DETECTED, st.usable, True, where, reasons=(why,))
 
     if profile.native_bf16:
-        bf16_why = f"compute capability {cc_txt} >= 8.0: bf16 tensor cores"
+        bf16_why = f"compute capability {cc_txt} >= {bf16_cc}: bf16 tensor cores"
     elif profile.is_cpu:
         bf16_why = "CPU device: fp32 (bf16 on CPU is slow without AVX512-BF16/AMX)"
     else:
-        bf16_why = f"compute capability {cc_txt} < 8.0: bf16 would be emulated or fail (cuBLAS); use fp16/fp32"
+        bf16_why = f"compute capability {cc_txt} < {bf16_cc}: bf16 would be emulated or fail (cuBLAS); use fp16/fp32"
     fp16_why = (
         "tensor cores or packed fp16"
         if profile.fast_fp16
@@ -124,7 +143,9 @@ def detection_policy(profile: DeviceProfile) -> dict[str, Decision]:
     )
     triton = profile.package("triton")
     if not profile.triton_capable:
-        triton_why = f"device cannot run Triton (needs a CUDA device with compute capability >= 7.0; has {cc_txt})"
+        triton_why = (
+            f"device cannot run Triton (needs a CUDA device with compute capability >= {triton_cc}; has {cc_txt})"
+        )
     elif not triton.installed:
         triton_why = "device can run Triton, but triton is not installed"
     else:
@@ -178,6 +199,9 @@ def env_section(environ: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def plugins_section() -> dict[str, Any]:
+    """Entry points found, and what the loader did with each (build_report loads plugins before this runs)."""
+    from verl_compat.plugins import plugin_status
+
     allow = os.environ.get("VERL_COMPAT_PLUGINS")
     allowed = None if allow is None else {a.strip() for a in allow.split(",") if a.strip()}
     found: list[dict[str, Any]] = []
@@ -186,15 +210,14 @@ def plugins_section() -> dict[str, Any]:
             found.append({"name": ep.name, "value": ep.value, "allowed": allowed is None or ep.name in allowed})
     except Exception as e:
         return {"group": PLUGIN_GROUP, "allowlist": allow, "entry_points": [], "error": f"{NOT_COLLECTED}: {e!r}"}
-    section: dict[str, Any] = {"group": PLUGIN_GROUP, "allowlist": allow, "entry_points": found}
-    try:  # load errors recorded by the plugin loader, once it exists
-        plugins = importlib.import_module("verl_compat.plugins")
-        errors = getattr(plugins, "load_errors", None)
-        section["load_errors"] = errors() if callable(errors) else (errors or {})
-    except ModuleNotFoundError as e:
-        if e.name != "verl_compat.plugins":
-            section["error"] = f"{NOT_COLLECTED}: {e!r}"
-    return section
+    status = plugin_status()
+    return {
+        "group": PLUGIN_GROUP,
+        "allowlist": allow,
+        "entry_points": found,
+        "loaded": [st.name for st in status if st.loaded],
+        "load_errors": {st.name: st.error for st in status if not st.loaded},
+    }
 
 
 def _problems(profile: DeviceProfile, torch_info: dict[str, Any]) -> list[str]:
@@ -222,26 +245,28 @@ def build_report(
     profile: DeviceProfile | None = None, overrides: list[str] | None = None, config_file: str | None = None
 ) -> dict[str, Any]:
     """The doctor's structured record. Raises only UnknownDeviceProfileError (bad VERL_COMPAT_DEVICE)."""
+    from verl_compat.plugins import load_plugins
+
     profile = profile if profile is not None else detect()
+    load_plugins()  # before the plugin section and the policy: both show what the loader did
     torch_info = _section(torch_section, profile)
     report: dict[str, Any] = {
         "device": _section(device_section, profile),
+        "host": _section(host_section, profile),
         "torch": torch_info,
         "packages": _section(packages_section, profile),
         "env": _section(env_section),
         "plugins": _section(plugins_section),
+        **{name: _section(fn, profile) for name, fn in EXTRA_SECTIONS.items()},
         "errors": [],
     }
-    capabilities = _section(detection_policy, profile)
-    if isinstance(capabilities, dict) and "error" not in capabilities:
-        report["capabilities"] = {cat: d.to_dict() for cat, d in sorted(capabilities.items())}
-        report["_decisions"] = dict(capabilities)
+    caps = _section(detection_policy, profile)
+    if isinstance(caps, dict) and "error" not in caps:
+        report["capabilities"] = {cat: d.to_dict() for cat, d in sorted(caps.items())}
     else:
-        report["capabilities"] = capabilities
-        report["_decisions"] = {}
+        report["capabilities"] = caps
     try:
         decisions, source = resolve_policy(profile, list(overrides or []), config_file)
-        report["_decisions"].update(decisions)
         report["policy"] = {cat: d.to_dict() for cat, d in sorted(decisions.items())}
         report["policy_source"] = source
     except VerlCompatError as e:  # e.g. IncompatibleRequestError for an explicit override: show it, exit 1
@@ -302,6 +327,17 @@ def render_text(report: dict[str, Any]) -> str:
         if dev.get("note"):
             kv("note", dev["note"])
 
+    h = report.get("host", {})
+    header("Host (the machine used)")
+    if "error" in h:
+        kv("error", h["error"])
+    else:
+        kv("CPUs", h.get("cpu_count"))
+        mem = h.get("memory_bytes")
+        kv("memory", f"{mem / 2**30:.1f} GiB" if mem else None)
+        kv("accelerator", f"yes (seen by {h['accelerator_via']})" if h.get("accelerator") else "none")
+        kv("real device", h.get("real_device"))
+
     t = report.get("torch", {})
     header("PyTorch build")
     kv("torch", t.get("version"))
@@ -341,6 +377,11 @@ def render_text(report: dict[str, Any]) -> str:
         lines.append(f"{cat} = {d.get('value')!r} ({how})")
         lines.extend(f"    {r}" for r in d.get("reasons", []))
 
+    for name in EXTRA_SECTIONS:
+        header(name.replace("_", " ").capitalize())
+        for key, value in (report.get(name) or {}).items():
+            kv(key, value)
+
     header("Environment variables")
     env = report.get("env") or {}
     if not env:
@@ -353,8 +394,9 @@ def render_text(report: dict[str, Any]) -> str:
     kv("entry-point group", p.get("group"))
     kv("allowlist (VERL_COMPAT_PLUGINS)", p.get("allowlist") or "(unset: all)")
     kv("entry points", [f"{e['name']}={e['value']}" for e in p.get("entry_points", [])])
-    if p.get("load_errors"):
-        kv("load errors", p["load_errors"])
+    kv("loaded", p.get("loaded"))
+    for name, error in (p.get("load_errors") or {}).items():
+        kv(f"load error: {name}", error)
     if p.get("error"):
         kv("error", p["error"])
 
@@ -364,6 +406,16 @@ def render_text(report: dict[str, Any]) -> str:
     lines.extend(f"note: {x}" for x in report.get("notes") or [])
     lines.extend(["", "Paste this report (or `verl-compat doctor --json`) into your issue."])
     return "\n".join(lines)
+
+
+def decisions_of(report: dict[str, Any]) -> dict[str, Decision]:
+    """Every decision in the record (capabilities and policy), rebuilt from its serialised form."""
+    out: dict[str, Decision] = {}
+    for section in ("capabilities", "policy"):
+        for cat, d in (report.get(section) or {}).items():
+            if isinstance(d, dict) and "category" in d:
+                out[cat] = Decision.from_dict(d)
+    return out
 
 
 def _match_categories(decisions: dict[str, Decision], wanted: str) -> list[str]:
@@ -384,7 +436,7 @@ def main(argv: list[str] | None = None) -> int:
     except VerlCompatError as e:  # unknown VERL_COMPAT_DEVICE: loud, with the valid names
         print(f"verl-compat doctor: {e}", file=sys.stderr)
         return 2
-    decisions: dict[str, Decision] = report.pop("_decisions", {})
+    decisions = decisions_of(report)
 
     if args.explain:
         cats = _match_categories(decisions, args.explain)

@@ -18,6 +18,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 
+from verl_compat.capabilities import CUDA_MIN_CC, NATIVE_BF16_CC, requirement
 from verl_compat.catalog import triton_officially_supported
 from verl_compat.profile import DeviceProfile, PackageStatus
 from verl_compat.torch_build import TorchBuild, base_version
@@ -89,8 +90,14 @@ def _torch_pin_reasons(build: TorchBuild, dist: str | None, name: str) -> list[s
     return []
 
 
+def _needs(profile: DeviceProfile, name: str) -> list[str]:
+    """The compute-capability reason of requirement `name` (capabilities.REQUIREMENTS), with the package's words."""
+    req = requirement(name)
+    return _needs_cc(profile, req.min_cc, req.quoted()) if req.min_cc else []
+
+
 def _flash_attn(profile: DeviceProfile, build: TorchBuild, dist: str | None) -> tuple[list[str], list[str]]:
-    reasons = _needs_cc(profile, (8, 0), 'FlashAttention-2 ("only supports Ampere GPUs or newer")')
+    reasons = _needs(profile, "flash_attn")
     reasons += _cuda_reasons(profile, "flash-attn")
     if not reasons and importlib.util.find_spec("flash_attn_2_cuda") is None:
         reasons.append("its CUDA extension flash_attn_2_cuda is not installed")
@@ -101,13 +108,14 @@ def _xformers(profile: DeviceProfile, build: TorchBuild, dist: str | None) -> tu
     reasons = _cuda_reasons(profile, "xformers")
     # cutlass fMHA runs on sm_50+ (P100 and up, SIMT below sm_70); prebuilt wheels >= 0.0.31 dropped sm_70 and
     # older, following torch (xformers CHANGELOG). torch's own aten::_efficient_attention is the same kernel.
-    reasons += _needs_cc(profile, (5, 0), "xformers' memory-efficient attention")
+    reasons += _needs(profile, "xformers")
     version = _installed_version("xformers")
     cc = profile.compute_capability
-    if cc is not None and cc < (7, 5) and _version_at_least(version, (0, 0, 31)):
+    since, floor = requirement("xformers").wheel_floor or ((), (0, 0))
+    if cc is not None and cc < floor and _version_at_least(version, since):
         reasons.append(
-            f"xformers {version} wheels dropped V100 and older (since 0.0.31); device has {_cc_str(cc)}. "
-            "torch's own memory-efficient SDPA kernel serves instead"
+            f"xformers {version} wheels dropped V100 and older (since {'.'.join(map(str, since))}); device has "
+            f"{_cc_str(cc)}. torch's own memory-efficient SDPA kernel serves instead"
         )
     reasons += _torch_pin_reasons(build, dist, "xformers")
     if not reasons and build.cuda:
@@ -116,20 +124,24 @@ def _xformers(profile: DeviceProfile, build: TorchBuild, dist: str | None) -> tu
 
 
 def _vllm(profile: DeviceProfile, build: TorchBuild, dist: str | None) -> tuple[list[str], list[str]]:
-    reasons = _needs_cc(profile, (7, 0), "vLLM")
+    reasons = _needs(profile, "vllm")
     reasons += _cuda_reasons(profile, "vLLM")
     cc = profile.compute_capability
-    if cc is not None and (7, 0) <= cc < (7, 5) and _cuda_major(build.cuda) >= 13:
-        reasons.append(f"a CUDA {build.cuda} vLLM/torch cannot target sm_{profile.sm} (CUDA 13 starts at sm_75)")
+    cuda_floor = CUDA_MIN_CC.get(_cuda_major(build.cuda), (0, 0))
+    if not reasons and cc is not None and cc < cuda_floor:
+        reasons.append(
+            f"a CUDA {build.cuda} vLLM/torch cannot target sm_{profile.sm} "
+            f"(CUDA {_cuda_major(build.cuda)} starts at sm_{cuda_floor[0]}{cuda_floor[1]})"
+        )
     reasons += _torch_pin_reasons(build, dist, "vLLM")
     notes = []
-    if cc is not None and cc < (8, 0):
+    if cc is not None and cc < NATIVE_BF16_CC:
         notes.append("no bf16 below sm_80: use dtype=float16/float32; attention falls back to TRITON_ATTN")
     return reasons, notes
 
 
 def _sglang(profile: DeviceProfile, build: TorchBuild, dist: str | None) -> tuple[list[str], list[str]]:
-    reasons = _needs_cc(profile, (7, 5), 'SGLang ("only supports sm75 and above")')
+    reasons = _needs(profile, "sglang")
     reasons += _cuda_reasons(profile, "SGLang")
     reasons += _torch_pin_reasons(build, dist, "SGLang")
     return reasons, []
@@ -139,14 +151,11 @@ def _triton(profile: DeviceProfile, build: TorchBuild, dist: str | None) -> tupl
     if profile.device_type != "cuda":
         # Inductor on CPU generates C++, not Triton: Triton being installed does not help here
         return [f"Triton compiles GPU kernels and needs a CUDA device; this device is {profile.device_type}"], []
-    reasons = _needs_cc(profile, (7, 0), "Triton (torch Inductor raises GPUTooOldForTriton)")
+    reasons = _needs(profile, "triton")
     reasons += _cuda_reasons(profile, "Triton")
     notes = []
     if not reasons and not triton_officially_supported(profile.compute_capability):
-        notes.append(
-            "Triton supports compute capability 8.0+ officially; sm_7x is best effort "
-            '(Volta: "mma -> mma layout conversion is only supported on Ampere")'
-        )
+        notes.append(requirement("triton").note)
     return reasons, notes
 
 
@@ -167,23 +176,12 @@ RULES: dict[str, Rule] = {
 }
 
 
-# The device requirements alone (no install checks): why a package could not run here even if installed.
-_HARDWARE_MINIMUM: dict[str, tuple[tuple[int, int], str]] = {
-    "flash_attn": ((8, 0), "FlashAttention-2"),
-    "xformers": ((5, 0), "xformers' memory-efficient attention"),
-    "vllm": ((7, 0), "vLLM"),
-    "sglang": ((7, 5), "SGLang"),
-    "triton": ((7, 0), "Triton"),
-    "liger_kernel": ((7, 0), "Liger (Triton) kernels"),
-}
-
-
 def hardware_reasons(name: str, profile: DeviceProfile) -> list[str]:
     """Device-only reasons a package cannot run on `profile`, whether or not it is installed."""
-    minimum, label = _HARDWARE_MINIMUM.get(name, ((0, 0), name))
+    req = requirement(name)
     if profile.device_type != "cuda":
-        return [f"{label} needs a CUDA device; this device is {profile.device_type}"]
-    return _needs_cc(profile, minimum, label)
+        return [f"{req.label} needs a CUDA device; this device is {profile.device_type}"]
+    return _needs_cc(profile, req.min_cc or (0, 0), req.label)
 
 
 def _installed_version(name: str) -> str | None:

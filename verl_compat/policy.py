@@ -14,22 +14,12 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from verl_compat.config_keys import ACTOR, CRITIC, FSDP_ROLES, MODEL_ROLES, ROLLOUT
 from verl_compat.decision import Decision
 from verl_compat.profile import DeviceProfile
-from verl_compat.requests import RequestedKeys, requested_keys, verl_config_dir
-from verl_compat.resolvers import attention, dtype, kernels, memory, placement, rollout
+from verl_compat.resolvers import attention, dtype, kernels, memory, placement, rollout_engine
 from verl_compat.resolvers.registry import Registry, Request
-
-ACTOR, REF, CRITIC = "actor", "ref", "critic"
-# role -> (fsdp engine config, role config)
-FSDP_ROLES: dict[str, tuple[str, str]] = {
-    ACTOR: ("actor_rollout_ref.actor.fsdp_config", "actor_rollout_ref.actor"),
-    REF: ("actor_rollout_ref.ref.fsdp_config", "actor_rollout_ref.ref"),
-    CRITIC: ("critic.fsdp", "critic"),
-}
-# role -> HF model config
-MODEL_ROLES: dict[str, str] = {ACTOR: "actor_rollout_ref.model", CRITIC: "critic.model"}
-ROLLOUT = "actor_rollout_ref.rollout"
+from verl_compat.user_keys import RequestedKeys, requested_keys, verl_config_dir
 
 UPSTREAM_ATTN = "flash_attention_2"
 FULL_FP32_REDUCE = {"reduce_dtype": "fp32", "buffer_dtype": "fp32"}
@@ -72,9 +62,12 @@ class _Plan:
         )
 
     def add(self, name: str, decision: Decision, write_key: str | None = None) -> Decision:
-        """Record a decision; a defaulted one that differs from the config is written back to `write_key`."""
+        """Record a decision; a defaulted one that differs from what the config means (its value, or upstream's
+        default where it holds none) is written back to `write_key`. Identity on sm_80+ therefore writes nothing."""
         self.decisions[name] = decision
-        if write_key is not None and decision.defaulted and _get(self.config, write_key) != decision.value:
+        current = _get(self.config, write_key) if write_key is not None else None
+        effective = current if current is not None else decision.upstream
+        if write_key is not None and decision.defaulted and effective != decision.value:
             self.writes[write_key] = decision.value
         return decision
 
@@ -102,11 +95,6 @@ def decide(
     _kernels(plan)
     _rollout(plan, train, attn)
     _memory(plan)
-    if profile.is_ampere_or_newer:  # identity: only a missing rollout.name may be filled in
-        keep = {f"{ROLLOUT}.name"}
-        if plan.platform is not profile:  # ... and, for a simulated card on a CPU host, the CPU placement
-            keep |= {"trainer.device", *(f"{FSDP_ROLES[r][1]}.strategy" for r in (ACTOR, CRITIC))}
-        plan.writes = {k: v for k, v in plan.writes.items() if k in keep}
     return plan.decisions, plan.writes
 
 
@@ -149,7 +137,7 @@ def _dtypes(plan: _Plan) -> str:
             sub_key = f"{mp_key}.{sub}"
             if sub_key in plan.requested and mp.get(sub) is not None:
                 dtype.resolve_reduce(Request("dtype.reduce", sub_key, mp[sub], True, "fp32"), p, plan.registry)
-        if not p.is_ampere_or_newer:
+        if not decision.identity:  # the device's policy: the param dtype, and fp32 reduce/buffer spelled out
             resolved = {"param_dtype": mp.get("param_dtype") if req.requested else train}
             resolved |= {k: mp.get(k) or v for k, v in FULL_FP32_REDUCE.items()}
             if resolved != mp:
@@ -244,7 +232,7 @@ def _rollout(plan: _Plan, train: str, attn: str) -> None:
     name_key = f"{ROLLOUT}.name"
     engine = plan.add(
         "rollout.engine",
-        rollout.resolve_engine(plan.request("rollout.engine", [name_key], None), p, plan.registry),
+        rollout_engine.resolve_engine(plan.request("rollout.engine", [name_key], None), p, plan.registry),
         name_key,
     )
     facts = {"engine": engine.value, "train_dtype": train, "attention": attn}
@@ -257,13 +245,13 @@ def _rollout(plan: _Plan, train: str, attn: str) -> None:
     tp_key = f"{ROLLOUT}.tensor_model_parallel_size"
     plan.add(
         "rollout.tensor_parallel",
-        rollout.resolve_tensor_parallel(plan.request("rollout.tensor_parallel", [tp_key], 2, facts), p),
+        rollout_engine.resolve_tensor_parallel(plan.request("rollout.tensor_parallel", [tp_key], 2, facts), p),
         tp_key,
     )
     eager_key = f"{ROLLOUT}.enforce_eager"
     plan.add(
         "rollout.enforce_eager",
-        rollout.resolve_enforce_eager(
+        rollout_engine.resolve_enforce_eager(
             plan.request("rollout.enforce_eager", [eager_key], False, facts), p, plan.registry
         ),
         eager_key,
@@ -271,7 +259,7 @@ def _rollout(plan: _Plan, train: str, attn: str) -> None:
     ckpt_key = f"{ROLLOUT}.checkpoint_engine.backend"
     plan.add(
         "rollout.checkpoint_engine",
-        rollout.resolve_checkpoint_engine(
+        rollout_engine.resolve_checkpoint_engine(
             plan.request("rollout.checkpoint_engine", [ckpt_key], "naive", facts), p, plan.registry
         ),
     )

@@ -127,11 +127,11 @@ def host_gpu_count() -> int | None:
     """GPUs on this host (the real hardware, never a simulated profile); None on the CPU platform, where
     n_gpus_per_node counts worker processes and any number runs."""
     from verl_compat.cpu import cpu_platform_wanted
-    from verl_compat.detect import detect_hardware
+    from verl_compat.detect import real_device
 
     if cpu_platform_wanted():
         return None
-    count = detect_hardware().device_count
+    count = real_device().device_count
     return count or None
 
 

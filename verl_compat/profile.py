@@ -11,6 +11,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from verl_compat.capabilities import IDENTITY_CC, at_least
+
 
 @dataclass(frozen=True)
 class PackageStatus:
@@ -46,6 +48,8 @@ class DeviceProfile:
     torch_cuda_version: str | None = None
     torch_arch_list: tuple[str, ...] = ()
     torch_covers_device: bool | None = None  # None on CPU / unknown
+    torch_hip_version: str | None = None  # ROCm builds
+    torch_error: str | None = None  # why torch or its arch list could not be read
     # optional packages, keyed by name ("flash_attn", "xformers", "vllm", "sglang", "triton", "liger_kernel")
     packages: dict[str, PackageStatus] = field(default_factory=dict)
 
@@ -64,7 +68,7 @@ class DeviceProfile:
     @property
     def is_ampere_or_newer(self) -> bool:
         """sm_80+: the devices on which every resolver returns exactly upstream verl's value."""
-        return self.sm is not None and self.sm >= 80
+        return at_least(self.compute_capability, IDENTITY_CC)
 
     def package(self, name: str) -> PackageStatus:
         return self.packages.get(name, PackageStatus(name=name, installed=False))

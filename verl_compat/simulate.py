@@ -3,8 +3,9 @@ and keep SDPA off the attention kernels the simulated card does not have (flash 
 memory-efficient and math kernels run from sm_50), so the simulation runs the kernels the real card would.
 
 Only when the profile is simulated and a real CUDA device is in use; a real card's profile never changes anything.
-Called from the seams that run where the GPU work happens (the FSDP engine build, the rollout server), never at
-import: touching torch.cuda before Ray or a server sets CUDA_VISIBLE_DEVICES would freeze the wrong device list.
+Called only through `verl_compat.seams.device_in_use()`, where this process is about to use the device (the FSDP
+engine build, the hf rollout server), never at import: touching torch.cuda before Ray or a server sets
+CUDA_VISIBLE_DEVICES would freeze the wrong device list.
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ log = logging.getLogger("verl_compat.simulate")
 _capped: set[int] = set()
 
 
-def cap_memory(profile: DeviceProfile) -> float | None:
-    """Limit this process's CUDA caching allocator to the simulated card's memory (and its SDPA kernels to the
-    card's); returns the fraction set."""
+def prepare_device(profile: DeviceProfile) -> float | None:
+    """Limit this process's CUDA caching allocator to the simulated card's memory and its SDPA kernels to the
+    card's; returns the fraction set (None when nothing was done: a real card, no CUDA, or already done)."""
     if not profile.simulated or profile.device_type != "cuda" or not profile.total_memory_bytes:
         return None
     import torch
@@ -29,7 +30,9 @@ def cap_memory(profile: DeviceProfile) -> float | None:
     device = torch.cuda.current_device()
     if device in _capped:
         return None
-    real = torch.cuda.get_device_properties(device).total_memory
+    from verl_compat.detect import real_device
+
+    real = real_device().total_memory_bytes or torch.cuda.get_device_properties(device).total_memory
     fraction = min(1.0, profile.total_memory_bytes / real)
     torch.cuda.set_per_process_memory_fraction(fraction, device)
     _capped.add(device)
@@ -44,3 +47,6 @@ def cap_memory(profile: DeviceProfile) -> float | None:
         device,
     )
     return fraction
+
+
+cap_memory = prepare_device  # the name the audit benchmark and earlier callers use

@@ -21,8 +21,30 @@ logger = logging.getLogger("verl_compat.torch_build")
 
 CU126_INDEX = "https://download.pytorch.org/whl/cu126"
 CU130_INDEX = "https://download.pytorch.org/whl/cu130"
-# PyTorch 2.14 is the last release with CUDA 12.x wheels; from 2.15 sm_50..sm_70 are build-from-source only.
-LAST_CU126_RELEASE = (2, 14)
+
+
+@dataclass(frozen=True)
+class WheelIndex:
+    """One of PyTorch's wheel indexes: which cards its builds carry kernels for, and for which torch releases."""
+
+    name: str
+    url: str
+    min_cc: tuple[int, int]  # the oldest card its wheels have kernels for
+    first_release: tuple[int, int]
+    last_release: tuple[int, int] | None  # None: still published
+    cards: str  # the cards it is the build for, in words
+
+
+# The one table of torch builds per card: install_command (doctor, errors) and the README read it.
+# cu126 is the last index with sm_50..sm_70 kernels (cu128 dropped Volta in 2.11, CUDA 13 starts at sm_75), and
+# its last release is torch 2.14: PyTorch RFC #190385 drops CUDA 12.x wheels, so from 2.15 Pascal and Volta are
+# build-from-source only.
+TORCH_BUILDS: tuple[WheelIndex, ...] = (
+    WheelIndex("cu126", CU126_INDEX, (5, 0), (2, 6), (2, 14), "P100, P40 / GTX 10xx, V100 (sm_60, sm_61, sm_70)"),
+    WheelIndex("cu130", CU130_INDEX, (7, 5), (2, 9), None, "T4 / RTX 20xx (sm_75) and newer"),
+)
+LAST_CU126_RELEASE = TORCH_BUILDS[0].last_release
+TESTED_TORCH = "2.13.0"  # the torch verl-compat's tests run with (README's install lines)
 
 
 @dataclass(frozen=True)
@@ -126,14 +148,29 @@ def install_command(torch_version: str | None, cc: tuple[int, int]) -> str:
     """
     vt = _version_tuple(torch_version)
     base = base_version(torch_version)
-    if cc < (7, 5):
-        if vt is None or vt > LAST_CU126_RELEASE:
-            return f"pip install 'torch==2.14.*' --index-url {CU126_INDEX}"
-        return f"pip install torch=={base} --index-url {CU126_INDEX}"
+    fits = [b for b in TORCH_BUILDS if cc >= b.min_cc]
+    # the newest index that has this torch release, else the one with the newest releases for this card
+    build = next((b for b in reversed(fits) if vt is not None and _publishes(b, vt)), None)
+    if build is None:
+        build = max(fits, key=lambda b: b.last_release or (99, 99))
+        if build.last_release is not None and (vt is None or vt > build.last_release):
+            return f"pip install 'torch=={build.last_release[0]}.{build.last_release[1]}.*' --index-url {build.url}"
     pin = f"torch=={base}" if base else "torch"
-    if vt is not None and vt < (2, 9):  # cu130 wheels start with torch 2.9
-        return f"pip install {pin} --index-url {CU126_INDEX}"
-    return f"pip install {pin} --index-url {CU130_INDEX}"
+    return f"pip install {pin} --index-url {build.url}"
+
+
+def _publishes(build: WheelIndex, version: tuple[int, int]) -> bool:
+    return build.first_release <= version and (build.last_release is None or version <= build.last_release)
+
+
+def readme_table() -> str:
+    """The README's table of torch builds, rendered from TORCH_BUILDS (a test keeps the README equal to it)."""
+    rows = ["| card | PyTorch wheel index | torch releases | install |", "|---|---|---|---|"]
+    for b in TORCH_BUILDS:
+        last = f"{b.last_release[0]}.{b.last_release[1]}" if b.last_release else "current"
+        releases = f"{b.first_release[0]}.{b.first_release[1]} .. {last}"
+        rows.append(f"| {b.cards} | `{b.url}` | {releases} | `{install_command(TESTED_TORCH, b.min_cc)}` |")
+    return "\n".join(rows)
 
 
 def coverage(
@@ -179,8 +216,21 @@ def coverage(
     advice = f"on {where} (sm_{sm}) install a build with sm_{sm} kernels: {cmd}{via}"
     vt = _version_tuple(torch_version)
     if cc < (7, 5) and vt is not None and vt > LAST_CU126_RELEASE:
-        advice += f" (torch {vt[0]}.{vt[1]} has no official wheels for sm_{sm}; 2.14 is the last)"
+        last = f"{LAST_CU126_RELEASE[0]}.{LAST_CU126_RELEASE[1]}"
+        advice += f" (torch {vt[0]}.{vt[1]} has no official wheels for sm_{sm}; {last} is the last)"
     return Coverage(False, why, advice)
+
+
+def coverage_of(profile: DeviceProfile) -> Coverage:
+    """`coverage()` from the torch facts detect() recorded in the profile (no second look at torch)."""
+    build = TorchBuild(
+        version=profile.torch_version,
+        cuda=profile.torch_cuda_version,
+        hip=profile.torch_hip_version,
+        arch_list=profile.torch_arch_list,
+        error=profile.torch_error,
+    )
+    return coverage_for(build, profile)
 
 
 def coverage_for(build: TorchBuild, profile: DeviceProfile) -> Coverage:

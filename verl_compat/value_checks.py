@@ -146,7 +146,7 @@ def rollout_engines() -> tuple[str, ...]:
     except ImportError:
         names += ["vllm", "sglang", "trtllm", "hf"]
     from verl_compat.resolvers.registry import REGISTRY
-    from verl_compat.resolvers.rollout import ENGINE_OPTIONS
+    from verl_compat.resolvers.rollout_engine import ENGINE_OPTIONS
 
     names += [str(o.value) for o in REGISTRY.options("rollout.engine", ENGINE_OPTIONS)]
     return tuple(dict.fromkeys(names))

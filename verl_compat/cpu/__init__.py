@@ -3,7 +3,8 @@
 Seams (one line each in a patch; see patches/series):
 - `dist_backend(s)`               utils/distributed.py, backend string of init_process_group
 - `ray_use_accelerator()`         single_controller/ray/base.py, RayResourcePool(use_gpu=...)
-- `check_ray_cpu_resources(...)`  single_controller/ray/base.py, instead of the GPU count check on CPU
+- `check_ray_resources(manager)`  single_controller/ray/base.py, upstream's GPU count check or, on the CPU
+                                  platform, `check_ray_cpu_resources(...)`
 - `engine_devices(devices)`       workers/engine/fsdp/transformer_impl.py, EngineRegistry device list
 - `pin_memory()`                  workers/engine/fsdp/transformer_impl.py, the ref's CPUOffloadPolicy
 Driver side (for the lead's resolve_config): `size_for_host(config, requested)` fits the Ray/TransferQueue layout.
@@ -20,7 +21,7 @@ from typing import Any
 from verl_compat.cpu.distributed import dist_backend
 from verl_compat.cpu.engine import engine_devices, grad_scaler_device, on_cpu_platform, pin_memory
 from verl_compat.cpu.host import cpu_platform_wanted, forced_cpu, host_has_accelerator
-from verl_compat.cpu.ray_pools import check_ray_cpu_resources, ray_use_accelerator
+from verl_compat.cpu.ray_pools import check_ray_cpu_resources, check_ray_resources, ray_use_accelerator
 
 
 def register_platform() -> None:
@@ -39,6 +40,7 @@ def size_for_host(config: Any, requested: Any = None, host_cpus: int | None = No
 
 __all__ = [
     "check_ray_cpu_resources",
+    "check_ray_resources",
     "cpu_platform_wanted",
     "dist_backend",
     "engine_devices",

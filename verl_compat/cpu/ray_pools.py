@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from verl_compat.cpu.engine import on_cpu_platform
 
@@ -10,6 +11,15 @@ from verl_compat.cpu.engine import on_cpu_platform
 def ray_use_accelerator() -> bool:
     """`RayResourcePool(use_gpu=...)`: False on the CPU platform, so bundles ask Ray for CPUs only."""
     return not on_cpu_platform()
+
+
+def check_ray_resources(manager: Any) -> None:
+    """`ResourcePoolManager.create_resource_pool`'s check once its pools exist: upstream's GPU count check
+    (`manager._check_resource_available()`) on a GPU platform, logical CPUs on the CPU platform."""
+    if ray_use_accelerator():
+        manager._check_resource_available()
+        return
+    check_ray_cpu_resources(manager.resource_pool_spec, manager.max_colocate_count)
 
 
 def check_ray_cpu_resources(

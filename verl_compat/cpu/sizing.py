@@ -63,7 +63,9 @@ def ray_default_cpus() -> int:
 
         return int(get_num_cpus())
     except (ImportError, AttributeError):
-        return os.cpu_count() or 1
+        from verl_compat.detect import host
+
+        return host().cpu_count or 1
 
 
 def _select(config: Any, key: str, default: Any = None) -> Any:
@@ -74,7 +76,7 @@ def _select(config: Any, key: str, default: Any = None) -> Any:
 
 
 def _requested(requested: Any) -> Any:
-    from verl_compat.requests import RequestedKeys
+    from verl_compat.user_keys import RequestedKeys
 
     if requested is None or isinstance(requested, RequestedKeys):
         return requested
@@ -121,7 +123,7 @@ def cpu_demand(config: Any, storage_units: int) -> dict[str, int]:
 def size_for_host(config: Any, requested: Any = None, host_cpus: int | None = None) -> HostSizing:
     """Rewrite `config` in place so the run's Ray layout fits this host; raise where a user setting cannot fit.
 
-    `requested`: the keys the user set (`verl_compat.requests.RequestedKeys`, or any iterable of dotted keys);
+    `requested`: the keys the user set (`verl_compat.user_keys.RequestedKeys`, or any iterable of dotted keys);
     None means "unknown": values equal to upstream's defaults count as defaulted. Call it on the driver before
     `ray.init` (verl's `run_ppo`), e.g. from `verl_compat.seams.resolve_config`.
     """

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import tempfile
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,6 +33,9 @@ def _header_problems(p: PatchFile) -> list[str]:
     hook = p.header.get("Compat-Hook", "")
     if hook and hook not in HOOKS:
         out.append(f"{p.name}: Compat-Hook {hook!r} is not one of {', '.join(HOOKS)}")
+    forwarded = p.header.get("Forwarded", "")
+    if forwarded and forwarded not in ("no", "not-needed") and not re.match(r"https?://", forwarded):
+        out.append(f"{p.name}: Forwarded {forwarded!r} is not 'no', 'not-needed' or a URL (DEP-3)")
     date = p.header.get("Last-Update", "")
     if date and not re.fullmatch(r"\d{4}-\d{2}-\d{2}", date):
         out.append(f"{p.name}: Last-Update {date!r} is not YYYY-MM-DD")
@@ -40,14 +44,42 @@ def _header_problems(p: PatchFile) -> list[str]:
     return out
 
 
+# Python keywords that branch, loop, leave or catch. A seam is a call; `x if c else y`, `a and b` and an early
+# `return` inside verl are logic, and logic lives in verl_compat (upstream's own keywords on a replaced line are
+# allowed: only keywords the hunk adds count).
+CONTROL_FLOW = frozenset(
+    {
+        "if", "elif", "else", "for", "while", "try", "except", "finally", "with", "return", "raise", "yield",
+        "break", "continue", "and", "or", "lambda", "assert",
+    }
+)  # fmt: skip
+_STRING = re.compile(r"""(?s)('{3}.*?'{3}|"{3}.*?"{3}|'(?:\\.|[^'\\])*'|"(?:\\.|[^"\\])*")""")
+_WORD = re.compile(r"\b[A-Za-z_]+\b")
+
+
+def control_flow_words(lines: list[str]) -> Counter[str]:
+    """Control-flow keywords in source lines, outside string literals and comments."""
+    words: Counter[str] = Counter()
+    for line in lines:
+        code = _STRING.sub('""', line).split("#", 1)[0]
+        words.update(w for w in _WORD.findall(code) if w in CONTROL_FLOW)
+    return words
+
+
 def _seam_problems(p: PatchFile) -> list[str]:
-    """Seams only: every hunk that adds code must call into verl_compat (logic belongs there, not in verl)."""
+    """Seams only: every hunk that adds code calls into verl_compat and adds no control flow to verl."""
     out = []
     for fd in p.files:
         for k, h in enumerate(fd.hunks, 1):
             added = [ln[1:] for ln in h.lines if ln.startswith("+") and ln[1:].strip()]
+            removed = [ln[1:] for ln in h.lines if ln.startswith("-")]
+            where = f"{p.name}: hunk #{k} {h.header} of {fd.path}"
             if added and not any("verl_compat" in ln for ln in added):
-                out.append(f"{p.name}: hunk #{k} {h.header} of {fd.path} adds code that does not call verl_compat")
+                out.append(f"{where} adds code that does not call verl_compat")
+            extra = control_flow_words(added) - control_flow_words(removed)
+            if extra:
+                words = ", ".join(sorted(extra))
+                out.append(f"{where} adds control flow ({words}): move the logic into verl_compat, keep one call")
     return out
 
 

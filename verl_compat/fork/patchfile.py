@@ -33,9 +33,6 @@ class Hunk:
     def new_lines(self) -> list[str]:
         return [ln[1:] for ln in self.lines if ln[0] in " +"]
 
-    def changed_lines(self) -> int:
-        return sum(1 for ln in self.lines if ln[0] in "+-")
-
 
 @dataclass
 class FileDiff:

@@ -77,10 +77,3 @@ def extract_package(wheel: Path, dest: Path, package: str = "verl") -> Path:
         for m in members:
             z.extract(m, dest)
     return out
-
-
-def read_tree_file(root: Path, rel: str) -> list[str] | None:
-    p = root / rel
-    if not p.is_file():
-        return None
-    return p.read_text(encoding="utf-8").splitlines()

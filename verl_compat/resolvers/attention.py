@@ -9,23 +9,18 @@ from __future__ import annotations
 
 from verl_compat.decision import Decision
 from verl_compat.profile import DeviceProfile
-from verl_compat.resolvers.checks import needs_cc, needs_package
+from verl_compat.resolvers.checks import requires
 from verl_compat.resolvers.registry import Context, Option, Reason, Registry, Request, choose, hard, soft
 
 FLASH_IMPLEMENTATIONS = frozenset({"flash_attention_2", "flash_attention_3"})
 
 
 def _fa2_reasons(ctx: Context) -> list[Reason]:
-    reasons = needs_cc(ctx.profile, (8, 0), "flash-attn 2")
-    if reasons:
-        return reasons
-    return needs_package(ctx.profile, "flash_attn", "flash_attention_2")
+    return requires(ctx.profile, "flash_attn", "flash_attention_2")
 
 
 def _fa3_reasons(ctx: Context) -> list[Reason]:
-    return needs_cc(ctx.profile, (9, 0), "flash-attn 3") or needs_package(
-        ctx.profile, "flash_attn_3", "flash_attention_3"
-    )
+    return requires(ctx.profile, "flash_attn_3", "flash_attention_3")
 
 
 ATTENTION_OPTIONS: tuple[Option, ...] = (
@@ -56,7 +51,7 @@ def resolve_attention(request: Request, profile: DeviceProfile, registry: Regist
 
 def _rmpad_on_reasons(ctx: Context) -> list[Reason]:
     attn = ctx.fact("attention")
-    if attn in FLASH_IMPLEMENTATIONS or ctx.profile.is_ampere_or_newer:
+    if attn in FLASH_IMPLEMENTATIONS:
         return []
     return [
         soft(

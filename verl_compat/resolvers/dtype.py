@@ -7,6 +7,9 @@ The rollout dtype follows the training compute dtype on pre-Ampere devices (no t
 
 from __future__ import annotations
 
+from typing import Any
+
+from verl_compat import capabilities
 from verl_compat.decision import Decision
 from verl_compat.profile import DeviceProfile
 from verl_compat.resolvers.checks import cc_text
@@ -33,6 +36,16 @@ def canonical(value: object) -> str | None:
     return None
 
 
+def torch_dtype(value: object) -> Any:
+    """'float16' / 'fp16' / torch.float16 -> torch.float16 (torch imported here only: resolvers stay pure)."""
+    import torch
+
+    short = canonical(value)
+    if short is None:
+        raise ValueError(f"{value!r} is not a dtype verl-compat knows; use one of {', '.join(SHORT_TO_LONG)}")
+    return getattr(torch, SHORT_TO_LONG[short])
+
+
 def _bf16_reasons(ctx: Context) -> list[Reason]:
     p = ctx.profile
     if p.is_cpu:
@@ -40,7 +53,15 @@ def _bf16_reasons(ctx: Context) -> list[Reason]:
             soft("cpu_bf16_slow", "bf16 on CPU is emulated unless the CPU has AVX512-BF16/AMX; fp32 is the CPU default")
         ]
     if p.compute_capability is not None and not p.native_bf16:
-        return [hard("no_native_bf16", f"needs native bf16 (compute capability >= 8.0), device has {cc_text(p)}")]
+        need = capabilities.cc_text(capabilities.NATIVE_BF16_CC)
+        return [
+            hard(
+                "no_native_bf16",
+                f"needs native bf16 (compute capability >= {need}), device has {cc_text(p)}",
+                cc_text(p),
+                f">= {need}",
+            )
+        ]
     return []
 
 
@@ -116,7 +137,7 @@ REDUCE_OPTIONS: tuple[Option, ...] = (
 def _follows_train(value: str):
     def check(ctx: Context) -> list[Reason]:
         train = ctx.fact("train_dtype")
-        if train is not None and train != value and not ctx.profile.is_ampere_or_newer:
+        if train is not None and train != value:
             return [
                 soft(
                     "differs_from_train",

@@ -67,8 +67,9 @@ def torch_wheel_hint(profile: DeviceProfile) -> str:
 
 
 def resolve_torch_build(profile: DeviceProfile) -> Decision:
-    """Does the installed torch have kernels for this card? Raises only on a real (not simulated) pre-Ampere GPU:
-    simulated profiles run on whatever torch the test machine has, and sm_80+ stays exactly upstream."""
+    """Does the installed torch have kernels for this card? Raises only on a real (not simulated) GPU: simulated
+    profiles run on whatever torch the test machine has. On a real card without kernels nothing runs, upstream
+    included, so refusing at start-up changes no run that works (sm_80+ too)."""
     from verl_compat.errors import IncompatibleRequestError
 
     version = profile.torch_version or "unknown"
@@ -82,6 +83,6 @@ def resolve_torch_build(profile: DeviceProfile) -> Decision:
         f"torch {version} (CUDA {profile.torch_cuda_version}) has no kernels for sm_{profile.sm} (arch list: {arch})"
     )
     fix = torch_wheel_hint(profile)
-    if profile.simulated or profile.is_ampere_or_newer:
+    if profile.simulated:
         return Decision("torch", "torch", version, True, profile.describe(), reasons=(f"note: {reason}; fix: {fix}",))
     raise IncompatibleRequestError("torch", version, profile.describe(), reason, fix)

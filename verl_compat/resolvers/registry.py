@@ -9,7 +9,11 @@ device, xformers-style: "needs compute capability >= 8.0, device has 6.1".
   soft reasons are recorded and the value is kept;
 - the key was left at upstream's default: the first option (by priority) with no reason wins, and the change
   is logged once at INFO on "verl_compat.resolvers.<category>";
-- sm_80+ with an upstream value: the value is kept unchanged (identity), reasons are recorded for `explain()`.
+- a value a worker-side seam sees (`settled`: the driver already applied the policy, or upstream's call site
+  passes it): kept when it can run here (soft reasons are recorded), else the default rule picks;
+- sm_80+ with an upstream value: upstream's value is kept unchanged (identity), reasons are recorded for
+  `explain()`. The one exception: a defaulted value that cannot run here (its package is missing or unusable;
+  upstream would fail at run time) falls back like on every other device. This is the only place the rule lives.
 """
 
 from __future__ import annotations
@@ -21,29 +25,17 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from verl_compat.decision import Candidate, Decision
+from verl_compat.decision import WHY, Candidate, Decision, Reason
 from verl_compat.errors import IncompatibleRequestError
 from verl_compat.profile import DeviceProfile
 
 
-@dataclass(frozen=True)
-class Reason:
-    """Why an option cannot (hard) or should not (soft) be used. `code` is stable for tests."""
-
-    code: str
-    message: str
-    hard: bool = True
-
-    def __str__(self) -> str:
-        return f"{self.code}: {self.message}"
+def hard(code: str, message: str, actual: Any = None, required: Any = None) -> Reason:
+    return Reason(code, message, True, actual, required)
 
 
-def hard(code: str, message: str) -> Reason:
-    return Reason(code, message, hard=True)
-
-
-def soft(code: str, message: str) -> Reason:
-    return Reason(code, message, hard=False)
+def soft(code: str, message: str, actual: Any = None, required: Any = None) -> Reason:
+    return Reason(code, message, False, actual, required)
 
 
 @dataclass(frozen=True)
@@ -53,6 +45,9 @@ class Request:
     `value` is the config's current value (the user's when `requested`, else upstream's default); None or
     MISSING when the key has no upstream value (rollout.name is `???`). `facts` carries decisions made earlier
     (e.g. the rollout engine for the rollout dtype), so each resolver stays a pure function.
+    `settled`: a worker-side seam's value (kept where it can run); there `upstream` is the value upstream's call
+    site passes, which the sm_80+ identity rule returns. `identity=False` for verl-compat's own code paths
+    (the hf rollout engine), where there is no upstream behaviour to preserve.
     """
 
     category: str
@@ -61,6 +56,8 @@ class Request:
     requested: bool = False
     upstream: Any = None
     facts: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    settled: bool = False
+    identity: bool = True
 
 
 @dataclass(frozen=True)
@@ -129,16 +126,14 @@ class Registry:
             extra = list(self._options.get(category, {}).values())
         return sorted([*builtin, *extra], key=lambda o: o.priority)
 
-    def categories(self) -> list[str]:
-        with self._lock:
-            return sorted(self._options)
-
 
 REGISTRY = Registry()
 
 # Reason code for "the package is not installed at all" (see checks.needs_package): the only reason that makes an
 # explicit request fail on sm_80+, where everything else is upstream's business.
 NOT_INSTALLED = "not_installed"
+NOT_USABLE = "not_usable"  # installed, but the probe found it cannot run here (wrong torch, no CUDA ops, ...)
+NOT_PROBED = "not_probed"  # the profile never probed the package (catalog profiles): unknown, not absent
 
 # Fix texts: a category may provide one; the default says which value to set instead.
 FixText = Callable[[Request, DeviceProfile, Any], str]
@@ -168,20 +163,19 @@ def choose(
     *,
     fix: FixText = default_fix,
     registry: Registry | None = None,
-    identity_on_ampere: bool = True,
 ) -> Decision:
     """Pick a value for `request` on `profile` (see the module docstring for the rules)."""
     options = (registry or REGISTRY).options(request.category, builtin)
     ctx = Context(request, profile)
     evaluated = [(o, _reasons(o, ctx)) for o in options]
     candidates = tuple(
-        Candidate(value=o.value, accepted=not rs, reasons=tuple(str(r) for r in rs) or ((o.why,) if o.why else ()))
+        Candidate(value=o.value, accepted=not rs, reasons=tuple(rs) or ((Reason(WHY, o.why, False),) if o.why else ()))
         for o, rs in evaluated
     )
     device = profile.describe()
     has_upstream = request.value is not None and request.value != "???"
 
-    def decision(value: Any, defaulted: bool, reasons: Iterable[str]) -> Decision:
+    def decision(value: Any, defaulted: bool, reasons: Iterable[str], identity: bool = False) -> Decision:
         return Decision(
             category=request.category,
             key=request.key,
@@ -191,6 +185,7 @@ def choose(
             candidates=candidates,
             reasons=tuple(reasons),
             upstream=request.upstream,
+            identity=identity,
         )
 
     fallback = _first_acceptable(evaluated)
@@ -204,19 +199,25 @@ def choose(
             fix(request, profile, fallback.value if fallback else None),
         )
 
-    if identity_on_ampere and profile.is_ampere_or_newer and has_upstream:
-        matched_reasons = [r for o, rs in evaluated if o.matches(request.value) for r in rs]
-        # The one exception to identity: an explicit request for a package that is not installed at all. Upstream
-        # would die on the import later (in a Ray worker); failing at start-up changes no run that works.
+    cannot_run: list[Reason] = []
+    if request.identity and profile.is_ampere_or_newer and has_upstream:
+        upstream_value = request.upstream if request.settled else request.value
+        matched_reasons = [r for o, rs in evaluated if o.matches(upstream_value) for r in rs]
+        # An explicit request for a package that is not installed at all: upstream would die on the import later
+        # (in a Ray worker); failing at start-up changes no run that works.
         missing = [r for r in matched_reasons if r.code == NOT_INSTALLED]
         if request.requested and missing:
             raise refuse(missing)
-        notes = [str(r) for r in matched_reasons]
-        return decision(
-            request.value,
-            not request.requested,
-            ["sm_80+: upstream verl's value, unchanged", *(f"note: {n}" for n in notes)],
-        )
+        cannot_run = [r for r in matched_reasons if r.hard and r.code != NOT_PROBED]
+        if request.requested or not cannot_run:
+            notes = [str(r) for r in matched_reasons]
+            return decision(
+                upstream_value,
+                not request.requested,
+                ["sm_80+: upstream verl's value, unchanged", *(f"note: {n}" for n in notes)],
+                identity=True,
+            )
+        # a default that cannot run here falls back, as on every other device (upstream would fail at run time)
 
     if request.requested and has_upstream:
         matched = next(((o, rs) for o, rs in evaluated if o.matches(request.value)), None)
@@ -231,6 +232,14 @@ def choose(
         warnings = [f"warning: {r.message} (kept because it was requested)" for r in reasons]
         return decision(request.value, False, ["requested explicitly", *warnings])
 
+    if request.settled and has_upstream:
+        matched = next(((o, rs) for o, rs in evaluated if o.matches(request.value)), None)
+        if matched is None:
+            return decision(request.value, True, ["not a value verl-compat knows, passed through"])
+        if not any(r.hard for r in matched[1]):
+            warnings = [f"warning: {r.message}" for r in matched[1]]
+            return decision(request.value, True, ["kept: it can run here (the driver resolved it)", *warnings])
+
     if fallback is None:  # every built-in category ends with an always-acceptable option; a plugin broke that
         raise RuntimeError(f"verl-compat: no acceptable option for {request.category} on {device}")
     chosen_reasons = [fallback.why] if fallback.why else []
@@ -240,6 +249,8 @@ def choose(
         for o, rs in evaluated
         if rs and o is not fallback
     ]
+    if cannot_run:
+        chosen_reasons.insert(0, "sm_80+: upstream verl's value cannot run here: " + "; ".join(map(str, cannot_run)))
     if not has_upstream or not fallback.matches(request.value):
         old = _fmt(request.value) if has_upstream else "unset"
         why = "; ".join(r.message for o, rs in evaluated if has_upstream and o.matches(request.value) for r in rs)

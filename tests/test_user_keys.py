@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from verl_compat.requests import (
+from verl_compat.user_keys import (
     RequestedKeys,
     keys_from_config_file,
     keys_from_overrides,

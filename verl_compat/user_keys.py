@@ -12,7 +12,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-log = logging.getLogger("verl_compat.requests")
+log = logging.getLogger("verl_compat.user_keys")
 
 # Top-level keys of a user's config file that are not verl settings.
 _NOT_SETTINGS = frozenset({"defaults", "hydra"})
@@ -44,9 +44,6 @@ class RequestedKeys:
 
     def __repr__(self) -> str:
         return f"RequestedKeys({sorted(self.keys)!r}, known={self.known})"
-
-    def union(self, other: Iterable[str]) -> RequestedKeys:
-        return RequestedKeys([*self.keys, *other], known=self.known)
 
 
 def _flatten(value: Any, prefix: str) -> Iterator[str]:

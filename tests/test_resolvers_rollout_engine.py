@@ -7,7 +7,7 @@ import pytest
 from verl_compat.catalog import get_profile
 from verl_compat.errors import IncompatibleRequestError
 from verl_compat.profile import DeviceProfile, PackageStatus
-from verl_compat.resolvers import memory, placement, rollout
+from verl_compat.resolvers import memory, placement, rollout_engine
 from verl_compat.resolvers.registry import Request
 
 NAME = "actor_rollout_ref.rollout.name"
@@ -18,7 +18,7 @@ def usable(name: str, *pkgs: str) -> DeviceProfile:
 
 
 def engine(profile: DeviceProfile, value: str | None = None, requested: bool = False):
-    return rollout.resolve_engine(Request("rollout.engine", NAME, value, requested, None), profile)
+    return rollout_engine.resolve_engine(Request("rollout.engine", NAME, value, requested, None), profile)
 
 
 @pytest.mark.parametrize(
@@ -65,19 +65,21 @@ def test_tensor_parallel_for_hf() -> None:
     key = "actor_rollout_ref.rollout.tensor_model_parallel_size"
     p40 = get_profile("p40")
     assert (
-        rollout.resolve_tensor_parallel(
+        rollout_engine.resolve_tensor_parallel(
             Request("rollout.tensor_parallel", key, 2, False, 2, {"engine": "hf"}), p40
         ).value
         == 1
     )
     assert (
-        rollout.resolve_tensor_parallel(
+        rollout_engine.resolve_tensor_parallel(
             Request("rollout.tensor_parallel", key, 2, False, 2, {"engine": "vllm"}), p40
         ).value
         == 2
     )
     with pytest.raises(IncompatibleRequestError, match="no tensor parallelism") as e:
-        rollout.resolve_tensor_parallel(Request("rollout.tensor_parallel", key, 2, True, 2, {"engine": "hf"}), p40)
+        rollout_engine.resolve_tensor_parallel(
+            Request("rollout.tensor_parallel", key, 2, True, 2, {"engine": "hf"}), p40
+        )
     assert f"set {key}=1" in e.value.fix
 
 
@@ -90,7 +92,7 @@ def eager(name: str, engine_name: str, value: bool = False, requested: bool = Fa
         False,
         {"engine": engine_name},
     )
-    return rollout.resolve_enforce_eager(req, get_profile(name))
+    return rollout_engine.resolve_enforce_eager(req, get_profile(name))
 
 
 def test_enforce_eager() -> None:
@@ -107,11 +109,11 @@ def test_delta_checkpoint_engine_refused_pre_ampere() -> None:
     key = "actor_rollout_ref.rollout.checkpoint_engine.backend"
     for name in ("v100", "t4", "p40"):
         with pytest.raises(IncompatibleRequestError) as e:
-            rollout.resolve_checkpoint_engine(
+            rollout_engine.resolve_checkpoint_engine(
                 Request("rollout.checkpoint_engine", key, "delta_sharded", True, "naive"), get_profile(name)
             )
         assert e.value.key == key and "compute capability >= 8.0" in e.value.reason and "=naive" in e.value.fix
-    ok = rollout.resolve_checkpoint_engine(
+    ok = rollout_engine.resolve_checkpoint_engine(
         Request("rollout.checkpoint_engine", key, "delta_sharded", True, "naive"), get_profile("a100")
     )
     assert ok.value == "delta_sharded"

@@ -14,24 +14,24 @@ import dataclasses
 from verl_compat.decision import Decision
 from verl_compat.errors import IncompatibleRequestError
 from verl_compat.profile import DeviceProfile
-from verl_compat.resolvers.checks import needs_cc, needs_package
+from verl_compat.resolvers.checks import requires
 from verl_compat.resolvers.registry import Context, Option, Reason, Registry, Request, choose, hard, passthrough, soft
 
 AUTO_VALUES = frozenset({"auto", "???", ""})
 
 
 def _vllm_reasons(ctx: Context) -> list[Reason]:
-    return needs_cc(ctx.profile, (7, 0), "vLLM") or needs_package(ctx.profile, "vllm", "rollout.name=vllm")
+    return requires(ctx.profile, "vllm", "rollout.name=vllm")
 
 
 def _sglang_reasons(ctx: Context) -> list[Reason]:
-    return needs_cc(ctx.profile, (7, 5), "SGLang") or needs_package(ctx.profile, "sglang", "rollout.name=sglang")
+    return requires(ctx.profile, "sglang", "rollout.name=sglang")
 
 
 def _trtllm_reasons(ctx: Context) -> list[Reason]:
     if ctx.profile.is_cpu:
-        return [hard("needs_gpu", "TensorRT-LLM needs an NVIDIA GPU, device is a CPU")]
-    return needs_package(ctx.profile, "tensorrt_llm", "rollout.name=trtllm")
+        return [hard("needs_gpu", "TensorRT-LLM needs an NVIDIA GPU, device is a CPU", "cpu", "an NVIDIA GPU")]
+    return requires(ctx.profile, "tensorrt_llm", "rollout.name=trtllm")
 
 
 ENGINE_OPTIONS: tuple[Option, ...] = (
@@ -86,12 +86,8 @@ def _eager_off_reasons(ctx: Context) -> list[Reason]:
     engine = ctx.fact("engine")
     if ctx.profile.is_cpu:
         return [soft("cpu_no_graphs", "there are no CUDA graphs on a CPU")]
-    if engine in ("vllm", "sglang") and not ctx.profile.is_ampere_or_newer:
-        return needs_cc(
-            ctx.profile,
-            (7, 5),
-            f"{engine}'s torch.compile + CUDA-graph path (Triton; hangs and MMA assertions reported on sm_70)",
-        )
+    if engine in ("vllm", "sglang"):
+        return requires(ctx.profile, "vllm_graphs", engine=engine)
     return []
 
 
@@ -107,12 +103,7 @@ def resolve_enforce_eager(request: Request, profile: DeviceProfile, registry: Re
 
 
 def _delta_reasons(ctx: Context) -> list[Reason]:
-    return needs_cc(
-        ctx.profile,
-        (8, 0),
-        "the delta_sharded checkpoint engine sends bf16 over CUDA IPC "
-        "(delta_weight_transfer.py rejects other dtypes) and",
-    )
+    return requires(ctx.profile, "delta_sharded")
 
 
 def _nccl_reasons(ctx: Context) -> list[Reason]:

@@ -1,0 +1,30 @@
+"""The verl config keys verl-compat resolves, per role: one table for the driver's policy and the worker seams."""
+
+from __future__ import annotations
+
+ACTOR, REF, CRITIC = "actor", "ref", "critic"
+# role -> (fsdp engine config, role config)
+FSDP_ROLES: dict[str, tuple[str, str]] = {
+    ACTOR: ("actor_rollout_ref.actor.fsdp_config", "actor_rollout_ref.actor"),
+    REF: ("actor_rollout_ref.ref.fsdp_config", "actor_rollout_ref.ref"),
+    CRITIC: ("critic.fsdp", "critic"),
+}
+# role -> HF model config
+MODEL_ROLES: dict[str, str] = {ACTOR: "actor_rollout_ref.model", CRITIC: "critic.model"}
+ROLLOUT = "actor_rollout_ref.rollout"
+
+ROLLOUT_DTYPE = f"{ROLLOUT}.dtype"
+ROLLOUT_ENFORCE_EAGER = f"{ROLLOUT}.enforce_eager"
+ACTOR_ATTENTION = f"{MODEL_ROLES[ACTOR]}.override_config.attn_implementation"
+CRITIC_ATTENTION = f"{MODEL_ROLES[CRITIC]}.override_config.attn_implementation"
+
+
+def fsdp_keys(suffix: str) -> str:
+    """A key of every role's FSDP engine config, for seams that run in an engine that does not know its role:
+    'actor_rollout_ref.actor.fsdp_config.X | actor_rollout_ref.ref.fsdp_config.X | critic.fsdp.X'."""
+    return " | ".join(f"{fsdp}.{suffix}" for fsdp, _ in FSDP_ROLES.values())
+
+
+def model_keys(suffix: str) -> str:
+    """A key of every role's model config ('actor_rollout_ref.model.X | critic.model.X')."""
+    return " | ".join(f"{model}.{suffix}" for model in MODEL_ROLES.values())
