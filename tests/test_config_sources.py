@@ -4,6 +4,7 @@ depth. verl's own packaged configs are the defaults."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -131,3 +132,98 @@ def test_quickstart_configs_are_the_users(keys_for):
 def test_command_line_keys_without_a_repository():
     keys = command_line_keys(["a.b=1", "+c=2", "hydra.run.dir=x", "d@e=3"])
     assert keys == {"a.b": COMMAND_LINE, "c": COMMAND_LINE, "e.d": COMMAND_LINE}
+
+
+# Through main_ppo and the doctor: a file's value is refused like a typed one, never silently replaced ---------
+JOB_TREE = {
+    "job.yaml": """\
+hydra:
+  searchpath:
+    - pkg://verl.trainer.config
+    - pkg://verl_compat.quickstart.config
+defaults:
+  - ppo_trainer
+  - quickstart_base
+  - site/cluster
+  - _self_
+algorithm:
+  adv_estimator: grpo
+""",
+    "site/cluster.yaml": """\
+# @package _global_
+actor_rollout_ref:
+  rollout:
+    dtype: bfloat16
+""",
+    "experiment/v100_bf16.yaml": """\
+# @package _global_
+actor_rollout_ref:
+  actor:
+    fsdp_config:
+      mixed_precision:
+        param_dtype: BF16
+""",
+}
+
+
+@pytest.fixture
+def user_job(tmp_path, monkeypatch, capsys):
+    import huggingface_hub
+    from startup_harness import parquet_file, run_main, tiny_model_dir
+
+    from verl_compat.detect import reset_cache
+    from verl_compat.quickstart import reward
+
+    conf = write_tree(tmp_path / "conf", JOB_TREE)
+    data = parquet_file(tmp_path / "d.parquet")
+    paths = [f"actor_rollout_ref.model.path={tiny_model_dir(tmp_path)}", f"data.train_files={data}"]
+    paths += [f"data.val_files={data}", f"reward.custom_reward_function.path={reward.__file__}"]
+    paths.append(f"trainer.default_local_dir={tmp_path / 'ckpt'}")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+
+    def run(*overrides: str, device: str | None = None):
+        if device is not None:
+            monkeypatch.setenv("VERL_COMPAT_DEVICE", device)
+        reset_cache()
+        return run_main(monkeypatch, capsys, tmp_path, [*paths, *overrides], config_path=conf, config_name="job")
+
+    run.conf = conf
+    return run
+
+
+def test_defaults_list_file_value_is_refused_not_replaced(user_job):
+    """site/cluster.yaml (a `# @package _global_` file in the job's defaults list) asks for bf16 rollouts: on a
+    P40 that stops the job, naming the key and the file, instead of silently becoming float32."""
+    from startup_harness import assert_refused
+
+    assert user_job().code is None  # the control: on this CPU bf16 rollouts are allowed, the job reaches Ray
+    result = user_job(device="p40")
+    assert_refused(result, f"{ROLLOUT}.dtype='bfloat16'", "p40 (sm_61", "needs native bf16", f"set {ROLLOUT}.dtype=")
+    assert f"the key is set in {user_job.conf / 'site' / 'cluster.yaml'}" in result.err
+
+
+def test_plus_experiment_group_value_is_refused(user_job):
+    from startup_harness import assert_refused
+
+    result = user_job("+experiment=v100_bf16", f"{ROLLOUT}.dtype=float16", device="v100")
+    assert_refused(result, f"{MP}.param_dtype='BF16'", "v100 (sm_70", "needs native bf16", f"set {MP}.param_dtype=fp16")
+    assert "experiment/v100_bf16.yaml" in result.err
+
+
+def test_doctor_config_reads_the_same_files(user_job, capsys, monkeypatch):
+    from verl_compat import doctor
+    from verl_compat.detect import reset_cache
+
+    monkeypatch.setenv("VERL_COMPAT_DEVICE", "p40")
+    reset_cache()
+    code = doctor.main(["--json", "--config", str(user_job.conf / "job.yaml")])
+    out = capsys.readouterr().out
+    assert code == 1 and f"{ROLLOUT}.dtype='bfloat16' cannot run on p40" in out
+    monkeypatch.setenv("VERL_COMPAT_DEVICE", "v100")
+    reset_cache()
+    code = doctor.main(["--json", "--config", str(user_job.conf / "job.yaml"), f"{ROLLOUT}.dtype=float16"])
+    report = json.loads(capsys.readouterr().out)
+    assert code == 0, report.get("errors")
+    assert report["policy"]["dtype.rollout"]["defaulted"] is False  # requested on the command line
+    assert report["policy"]["dtype.train"]["defaulted"] is True

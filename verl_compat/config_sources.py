@@ -138,6 +138,7 @@ def running_app_keys() -> dict[str, str] | None:
     if not HydraConfig.initialized() or not GlobalHydra.instance().is_initialized():
         return None
     hydra_cfg = HydraConfig.get()
-    return user_config_keys(
-        GlobalHydra.instance().config_loader(), hydra_cfg.job.config_name, list(hydra_cfg.overrides.task)
-    )
+    # of Hydra's own overrides only the search path changes which files compose (run dirs, logging do not)
+    searchpath = [o for o in hydra_cfg.overrides.hydra if o.lstrip("+").startswith("hydra.searchpath=")]
+    overrides = [*searchpath, *hydra_cfg.overrides.task]
+    return user_config_keys(GlobalHydra.instance().config_loader(), hydra_cfg.job.config_name, overrides)

@@ -19,7 +19,7 @@ from verl_compat.decision import Decision
 from verl_compat.profile import DeviceProfile
 from verl_compat.resolvers import attention, dtype, kernels, memory, placement, rollout_engine
 from verl_compat.resolvers.registry import Registry, Request
-from verl_compat.user_keys import RequestedKeys, requested_keys, verl_config_dir
+from verl_compat.user_keys import RequestedKeys, doctor_searchpath, requested_keys, verl_config_dir
 
 UPSTREAM_ATTN = "flash_attention_2"
 FULL_FP32_REDUCE = {"reduce_dtype": "fp32", "buffer_dtype": "fp32"}
@@ -334,6 +334,6 @@ def _compose_user_config(config_file: str, overrides: list[str]) -> DictConfig:
     folder, name = os.path.dirname(path), os.path.splitext(os.path.basename(path))[0]
     if GlobalHydra.instance().is_initialized():
         GlobalHydra.instance().clear()
-    search = f"hydra.searchpath=[file://{verl_config_dir()}]"
+    search = doctor_searchpath(path)  # the file's own search path, then verl's configs
     with initialize_config_dir(config_dir=folder, version_base=None):
         return compose(config_name=name, overrides=[*overrides, search])

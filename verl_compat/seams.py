@@ -83,9 +83,10 @@ def resolve_config(config: Any) -> dict[str, Decision]:
     from verl_compat.refusal import refusals
     from verl_compat.user_keys import requested_keys_from_hydra
 
-    with refusals():
+    with refusals() as origins:
         profile = _profile()
         requested = requested_keys_from_hydra()
+        origins.by_key = requested.origins
         decisions = resolve_job_config(config, profile, requested, platform=placement_profile(profile))
         size_for_host(config, requested)  # Ray/TransferQueue layout that fits this host (a silent hang otherwise)
         value_checks.check_values(config, profile.describe())  # after the policy: bf16 on a P40 is refused as bf16
