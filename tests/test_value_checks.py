@@ -150,3 +150,16 @@ def test_upper_case_dtype_on_a_p40_is_refused_as_bf16(job):
     result = job(f"+{MP}.param_dtype=BF16", device="p40")
     fix = f"Fix: set {MP}.param_dtype=fp32"
     assert_refused(result, f"{MP}.param_dtype='BF16'", "p40 (sm_61", "needs native bf16", fix)
+
+
+def test_dtype_through_override_config_is_checked_for_the_device(job):
+    """A dtype given through override_config (transformers' torch_dtype) is a request like any other."""
+    key = f"{MODEL}.override_config.torch_dtype"
+    result = job(f"+{key}=bfloat16", device="p40")
+    assert_refused(result, f"{key}='bfloat16'", "p40 (sm_61", "needs native bf16", f"Fix: set {key}=float32")
+
+
+def test_critic_dtype_in_a_dict_valued_override_config(job):
+    key = "critic.model.override_config.dtype"
+    result = job("+critic.model.override_config={dtype: torch.bfloat16}", device="t4")
+    assert_refused(result, f"{key}='torch.bfloat16'", "t4 (sm_75", "needs native bf16", f"Fix: set {key}=float16")

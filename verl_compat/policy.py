@@ -91,6 +91,7 @@ def decide(
     plan.decisions["torch"] = placement.resolve_torch_build(profile)
     _placement(plan)
     train = _dtypes(plan)
+    _model_config_dtypes(plan, train)
     attn = _attention(plan)
     _kernels(plan)
     _rollout(plan, train, attn)
@@ -148,6 +149,19 @@ def _dtypes(plan: _Plan) -> str:
         master = plan.request("dtype.master", [f"{fsdp}.model_dtype"], "fp32", facts)
         plan.add(f"dtype.master{_sfx(role)}", dtype.resolve_master(master, p, plan.registry), f"{fsdp}.model_dtype")
     return actor_train
+
+
+def _model_config_dtypes(plan: _Plan, train: str) -> None:
+    """A dtype in a model's override_config (transformers' torch_dtype / dtype) is a request like any other:
+    validated for the device (bf16 on a P40 is refused), never rewritten; "auto" defers to the checkpoint."""
+    for role, model in MODEL_ROLES.items():
+        for sub in ("torch_dtype", "dtype"):
+            key = f"{model}.override_config.{sub}"
+            value = _get(plan.config, key)
+            if key not in plan.requested or value is None or str(value).strip().lower() == "auto":
+                continue
+            req = Request("dtype.model", key, value, True, None, {"train_dtype": train})
+            plan.add(f"dtype.model{_sfx(role)}", dtype.resolve_rollout(req, plan.profile, plan.registry))
 
 
 def _attention(plan: _Plan) -> str:
@@ -314,6 +328,7 @@ def default_policy(
     with verl's config folder on the search path, like `python -m verl.trainer.main_ppo --config-path ...`.
     """
     from verl_compat.plugins import load_plugins
+    from verl_compat.value_checks import check_values
 
     load_plugins()
     overrides = list(overrides or [])
@@ -322,7 +337,9 @@ def default_policy(
         config = compose_ppo_config(overrides)
     else:
         config = _compose_user_config(config_file, overrides)
-    decisions, _ = decide(config, profile, requested, platform=placement_profile(profile))
+    decisions, writes = decide(config, profile, requested, platform=placement_profile(profile))
+    apply_writes(config, writes)
+    check_values(config, profile.describe())  # a value valid nowhere, as main_ppo refuses it
     return decisions
 
 
