@@ -73,7 +73,7 @@ def device_in_use() -> None:
 def resolve_config(config: Any) -> dict[str, Decision]:
     """Driver seam (main_ppo.py after auto_set_device): validate requests, write the policy into `config`.
 
-    Requested keys come from the running Hydra app (command-line overrides + the user's primary config file).
+    Requested keys come from the running Hydra app: its command line and every user config file it composed.
     A request the device cannot run, or a setting that cannot work (verl_compat.preflight, a broken checkpoint),
     ends the job before any Ray/GPU work with one short message and exit code 2 (verl_compat.refusal).
     """
