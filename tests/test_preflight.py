@@ -172,19 +172,19 @@ def test_reward_function_file_missing(job, tmp_path):
 @pytest.mark.parametrize(
     "override, key, why",
     [
-        ("actor_rollout_ref.rollout.gpu_memory_utilization=1.5", "gpu_memory_utilization", "outside a fraction in (0"),
-        ("++actor_rollout_ref.rollout.gpu_memory_utilization=0", "gpu_memory_utilization", "outside a fraction"),
-        ("actor_rollout_ref.rollout.gpu_memory_utilization=-0.3", "gpu_memory_utilization", "outside"),
-        ("actor_rollout_ref.rollout.gpu_memory_utilization=90%", "gpu_memory_utilization", "is not a number"),
-        ("actor_rollout_ref.rollout.top_p=0", "rollout.top_p", "outside a fraction in (0, 1]"),
-        ("actor_rollout_ref.rollout.temperature=-1", "rollout.temperature", "outside a number >= 0"),
-        ("actor_rollout_ref.rollout.n=0", "rollout.n", "outside a whole number >= 1"),
-        ("data.train_batch_size=0", "data.train_batch_size", "outside a whole number >= 1"),
-        ("data.max_response_length=2.5", "data.max_response_length", "is not a whole number"),
-        ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=0", "ppo_micro_batch_size_per_gpu", "outside"),
-        ("actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=1.5", "lr_warmup_steps_ratio", "outside a fraction"),
-        ("trainer.n_gpus_per_node=0", "trainer.n_gpus_per_node", "outside a whole number >= 1"),
-        ("trainer.total_training_steps=0", "trainer.total_training_steps", "outside"),
+        ("actor_rollout_ref.rollout.gpu_memory_utilization=1.5", "gpu_memory_utilization", "(0, 1]; 1.5 is out of"),
+        ("++actor_rollout_ref.rollout.gpu_memory_utilization=0", "gpu_memory_utilization", "0 is out of range"),
+        ("actor_rollout_ref.rollout.gpu_memory_utilization=-0.3", "gpu_memory_utilization", "-0.3 is out of range"),
+        ("actor_rollout_ref.rollout.gpu_memory_utilization=90%", "gpu_memory_utilization", "'90%' is not a number"),
+        ("actor_rollout_ref.rollout.top_p=0", "rollout.top_p", "must be a fraction in (0, 1]; 0 is out of range"),
+        ("actor_rollout_ref.rollout.temperature=-1", "rollout.temperature", ">= 0; -1 is out of range"),
+        ("actor_rollout_ref.rollout.n=0", "rollout.n", "must be a whole number >= 1; 0 is out of range"),
+        ("data.train_batch_size=0", "data.train_batch_size", "must be a whole number >= 1; 0 is out"),
+        ("data.max_response_length=2.5", "data.max_response_length", "2.5 is not a whole number"),
+        ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=0", "ppo_micro_batch_size_per_gpu", "0 is out of range"),
+        ("actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=1.5", "lr_warmup_steps_ratio", "[0, 1]; 1.5 is out"),
+        ("trainer.n_gpus_per_node=0", "trainer.n_gpus_per_node", "must be a whole number >= 1; 0 is out"),
+        ("trainer.total_training_steps=0", "trainer.total_training_steps", "0 is out of range"),
     ],
 )
 def test_out_of_range(job, override, key, why):
@@ -194,7 +194,7 @@ def test_out_of_range(job, override, key, why):
 def test_reward_model_fraction_only_when_enabled(job):
     bad = "reward.reward_model.rollout.gpu_memory_utilization=2"
     assert job(bad).code is None  # no reward model: the key is never read
-    assert preflight.Range("x", 0, 1, low_open=True).problem(2) == "2 is outside a fraction in (0, 1]"
+    assert preflight.Range("x", 0, 1, low_open=True).problem(2) == "out of range"
 
 
 def test_range_texts():

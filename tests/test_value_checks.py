@@ -84,7 +84,7 @@ def test_every_accepted_spelling_passes(base, key, value):
         (f"{ROLLOUT}.enforce_eager", 1, "true"),
         (f"{MODEL}.fused_kernel_options.impl_backend", "Triton", "triton"),
         (f"{ROLLOUT}.name", "vLLM", "vllm"),
-        (f"{ROLLOUT}.name", "transformers", None),
+        (f"{ROLLOUT}.name", "transformers", "hf"),  # the name of the library behind verl-compat's hf engine
     ],
 )
 def test_value_valid_nowhere_is_refused_with_the_closest(base, key, value, closest):

@@ -64,18 +64,17 @@ class Range:
         return f"a number >= {self.low}" if self.high == math.inf else f"a fraction in {left}{self.low}, {self.high}]"
 
     def problem(self, value: Any) -> str | None:
+        """None when `value` is in range, else what is wrong with it ("out of range", "not a number", ...)."""
         if value is None:
-            return None if self.nullable else "it is unset"
+            return None if self.nullable else "unset"
         if isinstance(value, bool) or not isinstance(value, int | float):
-            return f"{value!r} is not a number"
+            return "not a number"
         if self.integer and not float(value).is_integer():
-            return f"{value} is not a whole number"
+            return "not a whole number"
         if not math.isfinite(float(value)):
-            return f"{value} is not finite"
+            return "not finite"
         below = value <= self.low if self.low_open else value < self.low
-        if below or value > self.high:
-            return f"{value} is outside {self.text()}"
-        return None
+        return "out of range" if below or value > self.high else None
 
 
 _ROLLOUT = "actor_rollout_ref.rollout"
@@ -119,7 +118,7 @@ def _check_ranges(config: Any, device: str) -> None:
         fix = f"set {r.key} to {r.text()}"
         if r.upstream is not None:
             fix += f" (verl's default is {r.upstream})"
-        raise InvalidSettingError(r.key, value, device, f"{r.key} must be {r.text()}; {why}", fix)
+        raise InvalidSettingError(r.key, value, device, f"it must be {r.text()}; {value!r} is {why}", fix)
 
 
 # Devices per node -----------------------------------------------------------------------------------------------

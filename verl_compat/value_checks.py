@@ -67,6 +67,7 @@ class Spelling:
     nullable: bool = False
     dtype: bool = False  # a dtype key: another spelling of a known dtype maps to this key's spelling
     any_case: bool = False  # the reader lower-cases strings first (vLLM and SGLang do for dtype)
+    synonyms: tuple[tuple[str, str], ...] = ()  # names users reach for that mean a valid value ("transformers")
 
     def problem(self, value: Any) -> tuple[str, Any] | None:
         """(reason, closest valid value) when `value` is not accepted; None when it is."""
@@ -81,6 +82,9 @@ class Spelling:
         return f"{self.reader} accepts {shown}; {_fmt(value)} is none of these", closest
 
     def _closest(self, value: Any, valid: tuple[Any, ...]) -> Any:
+        synonym = dict(self.synonyms).get(str(value).strip().lower())
+        if synonym is not None:
+            return synonym
         if self.dtype and (meaning := dtype_meaning(value)) is not None:
             same = [v for v in valid if isinstance(v, str) and dtype_meaning(v) == meaning]
             if same:
@@ -159,7 +163,11 @@ HF_DTYPE = Spelling("transformers (a torch dtype name)", lambda: HF_DTYPES, null
 ATTENTION = Spelling("transformers' attention interface", attention_backends, nullable=True)
 SWITCH = Spelling("verl (a boolean)", lambda: BOOLS, nullable=True)
 FUSED_BACKEND = Spelling("verl's fused kernels", lambda: FUSED_BACKENDS, nullable=True)
-ENGINE = Spelling("verl's rollout registry", rollout_engines)
+ENGINE = Spelling(
+    "verl's rollout registry",
+    rollout_engines,
+    synonyms=(("transformers", "hf"), ("huggingface", "hf"), ("hf_rollout", "hf"), ("tensorrt", "trtllm")),
+)
 
 
 def checked_keys() -> Iterator[tuple[str, Spelling]]:
