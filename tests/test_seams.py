@@ -174,14 +174,21 @@ def hydra_cleanup():
     GlobalHydra.instance().clear()
 
 
-def test_resolve_config_reads_requests_from_hydra(device, hydra_cleanup) -> None:
+def test_resolve_config_reads_requests_from_hydra(device, hydra_cleanup, tmp_path, monkeypatch) -> None:
+    from startup_harness import parquet_file, tiny_model_dir
+
+    monkeypatch.chdir(tmp_path)  # the default checkpoint folder (checkpoints/...) is looked at for resume
+    data = parquet_file(tmp_path / "d.parquet")  # the start-up checks need a real model folder and data files
+    paths = [f"actor_rollout_ref.model.path={tiny_model_dir(tmp_path)}", f"data.train_files={data}"]
+    paths.append(f"data.val_files={data}")
     device("p40")
-    cfg = _hydra_run(["algorithm.adv_estimator=grpo"])
+    cfg = _hydra_run(["algorithm.adv_estimator=grpo", *paths])
     decisions = seams.resolve_config(cfg)
     assert cfg.actor_rollout_ref.rollout.dtype == "float32"
     assert decisions["rollout.engine"].value == "hf"
 
-    cfg = _hydra_run(["actor_rollout_ref.rollout.dtype=bfloat16"])
+    cfg = _hydra_run(["actor_rollout_ref.rollout.dtype=bfloat16", *paths])
+    monkeypatch.setenv("HYDRA_FULL_ERROR", "1")  # the exception itself, not the short message and exit code 2
     with pytest.raises(IncompatibleRequestError) as e:
         seams.resolve_config(cfg)
     assert e.value.key == "actor_rollout_ref.rollout.dtype" and "p40" in e.value.device

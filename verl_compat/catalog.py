@@ -130,9 +130,14 @@ def normalize_name(name: str) -> str:
 def get_entry(name: str) -> CatalogEntry:
     key = normalize_name(name)
     if key not in CATALOG:
+        import difflib
+
+        closest = difflib.get_close_matches(key, profile_names(), n=1, cutoff=0.5)
+        hint = f" (closest: {closest[0]})" if closest else ""
         raise UnknownDeviceProfileError(
-            f"unknown device profile {name!r}; valid names: {', '.join(profile_names())}. "
-            "Set VERL_COMPAT_DEVICE to one of them, or unset it to detect the real device."
+            f"VERL_COMPAT_DEVICE={name!r} on this host: unknown device profile {name!r}; valid names: "
+            f"{', '.join(profile_names())}. Fix: set VERL_COMPAT_DEVICE to one of them{hint}, or unset it to "
+            "detect the real device"
         )
     return CATALOG[key]
 

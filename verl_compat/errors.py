@@ -24,3 +24,18 @@ class IncompatibleRequestError(VerlCompatError, ValueError):
         self.reason = reason
         self.fix = fix
         super().__init__(f"{key}={value!r} cannot run on {device}: {reason}. Fix: {fix}")
+
+
+class InvalidSettingError(VerlCompatError, ValueError):
+    """A setting that cannot work anywhere (a missing model folder, a fraction out of range, a broken checkpoint).
+
+    Same four parts as IncompatibleRequestError: the config key, the device (or host), the reason and the fix.
+    """
+
+    def __init__(self, key: str, value: object, device: str, reason: str, fix: str):
+        self.key = key
+        self.value = value
+        self.device = device
+        self.reason = reason
+        self.fix = fix
+        super().__init__(f"{key}={value!r} cannot be used on {device}: {reason}. Fix: {fix}")

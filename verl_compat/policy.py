@@ -19,7 +19,7 @@ from verl_compat.decision import Decision
 from verl_compat.profile import DeviceProfile
 from verl_compat.resolvers import attention, dtype, kernels, memory, placement, rollout_engine
 from verl_compat.resolvers.registry import Registry, Request
-from verl_compat.user_keys import RequestedKeys, requested_keys, verl_config_dir
+from verl_compat.user_keys import RequestedKeys, doctor_searchpath, requested_keys, verl_config_dir
 
 UPSTREAM_ATTN = "flash_attention_2"
 FULL_FP32_REDUCE = {"reduce_dtype": "fp32", "buffer_dtype": "fp32"}
@@ -45,6 +45,7 @@ class _Plan:
     profile: DeviceProfile
     requested: RequestedKeys
     registry: Registry | None
+    platform: DeviceProfile  # where the job runs: the profile, or the CPU for a simulated card on a CPU host
     decisions: dict[str, Decision] = field(default_factory=dict)
     writes: dict[str, Any] = field(default_factory=dict)
 
@@ -76,17 +77,21 @@ def decide(
     profile: DeviceProfile,
     requested: RequestedKeys | Iterable[str],
     registry: Registry | None = None,
+    platform: DeviceProfile | None = None,
 ) -> tuple[dict[str, Decision], dict[str, Any]]:
     """Resolve every category; raise IncompatibleRequestError for an explicit request the device cannot honour.
 
+    `platform` decides placement (trainer.device, FSDP strategy) when it differs from the card (see
+    `placement_profile`); every other category follows `profile`.
     Returns (decisions by doctor category name, {config key: value} writes). Pure: `config` is not modified.
     """
     if not isinstance(requested, RequestedKeys):
         requested = RequestedKeys(requested)
-    plan = _Plan(config, profile, requested, registry)
+    plan = _Plan(config, profile, requested, registry, platform or profile)
     plan.decisions["torch"] = placement.resolve_torch_build(profile)
     _placement(plan)
     train = _dtypes(plan)
+    _model_config_dtypes(plan, train)
     attn = _attention(plan)
     _kernels(plan)
     _rollout(plan, train, attn)
@@ -94,8 +99,20 @@ def decide(
     return plan.decisions, plan.writes
 
 
+def placement_profile(profile: DeviceProfile) -> DeviceProfile | None:
+    """The CPU profile where a simulated GPU runs on a host without one (VERL_COMPAT_DEVICE=p40 on a laptop):
+    the card decides dtypes, attention, kernels and rollout; the tensors, the FSDP strategy and the process
+    group live on the CPU platform (verl_compat.cpu.host). None where the job runs on the profile's device."""
+    from verl_compat.cpu import cpu_platform_wanted
+    from verl_compat.detect import cpu_profile
+
+    if profile.simulated and not profile.is_cpu and cpu_platform_wanted():
+        return cpu_profile()
+    return None
+
+
 def _placement(plan: _Plan) -> None:
-    p = plan.profile
+    p = plan.platform
     plan.add(
         "platform.device",
         placement.resolve_device(plan.request("platform.device", ["trainer.device"], "cuda"), p, plan.registry),
@@ -120,7 +137,7 @@ def _dtypes(plan: _Plan) -> str:
         for sub in ("reduce_dtype", "buffer_dtype"):  # validated when given; fp32 otherwise
             sub_key = f"{mp_key}.{sub}"
             if sub_key in plan.requested and mp.get(sub) is not None:
-                dtype.resolve_train(Request("dtype.train", sub_key, mp[sub], True, "fp32"), p, plan.registry)
+                dtype.resolve_reduce(Request("dtype.reduce", sub_key, mp[sub], True, "fp32"), p, plan.registry)
         if not decision.identity:  # the device's policy: the param dtype, and fp32 reduce/buffer spelled out
             resolved = {"param_dtype": mp.get("param_dtype") if req.requested else train}
             resolved |= {k: mp.get(k) or v for k, v in FULL_FP32_REDUCE.items()}
@@ -132,6 +149,19 @@ def _dtypes(plan: _Plan) -> str:
         master = plan.request("dtype.master", [f"{fsdp}.model_dtype"], "fp32", facts)
         plan.add(f"dtype.master{_sfx(role)}", dtype.resolve_master(master, p, plan.registry), f"{fsdp}.model_dtype")
     return actor_train
+
+
+def _model_config_dtypes(plan: _Plan, train: str) -> None:
+    """A dtype in a model's override_config (transformers' torch_dtype / dtype) is a request like any other:
+    validated for the device (bf16 on a P40 is refused), never rewritten; "auto" defers to the checkpoint."""
+    for role, model in MODEL_ROLES.items():
+        for sub in ("torch_dtype", "dtype"):
+            key = f"{model}.override_config.{sub}"
+            value = _get(plan.config, key)
+            if key not in plan.requested or value is None or str(value).strip().lower() == "auto":
+                continue
+            req = Request("dtype.model", key, value, True, None, {"train_dtype": train})
+            plan.add(f"dtype.model{_sfx(role)}", dtype.resolve_rollout(req, plan.profile, plan.registry))
 
 
 def _attention(plan: _Plan) -> str:
@@ -270,9 +300,10 @@ def resolve_job_config(
     profile: DeviceProfile,
     requested: RequestedKeys | Iterable[str],
     registry: Registry | None = None,
+    platform: DeviceProfile | None = None,
 ) -> dict[str, Decision]:
     """Validate the user's requests for `profile` and write the resolved values into `config` (in place)."""
-    decisions, writes = decide(config, profile, requested, registry)
+    decisions, writes = decide(config, profile, requested, registry, platform)
     apply_writes(config, writes)
     memory.export_shares(decisions)  # the per-process memory caps of a simulated card
     return decisions
@@ -298,6 +329,7 @@ def default_policy(
     with verl's config folder on the search path, like `python -m verl.trainer.main_ppo --config-path ...`.
     """
     from verl_compat.plugins import load_plugins
+    from verl_compat.value_checks import check_values
 
     load_plugins()
     overrides = list(overrides or [])
@@ -306,7 +338,9 @@ def default_policy(
         config = compose_ppo_config(overrides)
     else:
         config = _compose_user_config(config_file, overrides)
-    decisions, _ = decide(config, profile, requested)
+    decisions, writes = decide(config, profile, requested, platform=placement_profile(profile))
+    apply_writes(config, writes)
+    check_values(config, profile.describe())  # a value valid nowhere, as main_ppo refuses it
     return decisions
 
 
@@ -318,6 +352,6 @@ def _compose_user_config(config_file: str, overrides: list[str]) -> DictConfig:
     folder, name = os.path.dirname(path), os.path.splitext(os.path.basename(path))[0]
     if GlobalHydra.instance().is_initialized():
         GlobalHydra.instance().clear()
-    search = f"hydra.searchpath=[file://{verl_config_dir()}]"
+    search = doctor_searchpath(path)  # the file's own search path, then verl's configs
     with initialize_config_dir(config_dir=folder, version_base=None):
         return compose(config_name=name, overrides=[*overrides, search])

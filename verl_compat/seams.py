@@ -74,17 +74,25 @@ def device_in_use(process: str = "trainer") -> None:
 def resolve_config(config: Any) -> dict[str, Decision]:
     """Driver seam (main_ppo.py after auto_set_device): validate requests, write the policy into `config`.
 
-    Requested keys come from the running Hydra app (command-line overrides + the user's primary config file).
-    Raises IncompatibleRequestError before any Ray/GPU work when an explicit request cannot run here.
+    Requested keys come from the running Hydra app: its command line and every user config file it composed.
+    A request the device cannot run, or a setting that cannot work (verl_compat.preflight, a broken checkpoint),
+    ends the job before any Ray/GPU work with one short message and exit code 2 (verl_compat.refusal).
     """
+    from verl_compat import checkpoints, preflight, value_checks
     from verl_compat.cpu import size_for_host
-    from verl_compat.policy import resolve_job_config
+    from verl_compat.policy import placement_profile, resolve_job_config
+    from verl_compat.refusal import refusals
     from verl_compat.user_keys import requested_keys_from_hydra
 
-    profile = _profile()
-    requested = requested_keys_from_hydra()
-    decisions = resolve_job_config(config, profile, requested)
-    size_for_host(config, requested)  # Ray/TransferQueue layout that fits this host (a silent hang otherwise)
+    with refusals() as origins:
+        profile = _profile()
+        requested = requested_keys_from_hydra()
+        origins.by_key = requested.origins
+        decisions = resolve_job_config(config, profile, requested, platform=placement_profile(profile))
+        size_for_host(config, requested)  # Ray/TransferQueue layout that fits this host (a silent hang otherwise)
+        value_checks.check_values(config, profile.describe())  # after the policy: bf16 on a P40 is refused as bf16
+        preflight.check_job(config, profile.describe())
+        checkpoints.check_at_startup(config, profile.describe())
     changed = [d for d in decisions.values() if d.defaulted and d.upstream is not None and d.value != d.upstream]
     log.info(
         "verl-compat: %s; %d setting(s) differ from upstream verl (`verl-compat doctor` explains)",
@@ -125,7 +133,11 @@ def fsdp_mixed_precision(mixed_precision_cfg: Any) -> Any:
     for sub in _MP_SUBKEYS:
         if given.get(sub) is not None:  # a value in the engine config: validated like a request
             key = keys.fsdp_keys(f"mixed_precision.{sub}")
-            _resolve(dtype.resolve_train, "dtype.train", key, given[sub], given[sub], requested=True, profile=profile)
+            # reduce/buffer have their own options: fp32 first, as the policy keeps them (fix texts agree)
+            resolve, category = (
+                (dtype.resolve_train, "dtype.train") if sub == "param_dtype" else (dtype.resolve_reduce, "dtype.reduce")
+            )
+            _resolve(resolve, category, key, given[sub], given[sub], requested=True, profile=profile)
     if given.get("param_dtype") is not None:
         return mixed_precision_cfg
     key = keys.fsdp_keys("mixed_precision.param_dtype")

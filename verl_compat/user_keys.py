@@ -1,7 +1,9 @@
-"""What the user set explicitly: Hydra command-line overrides and the keys of the user's own config file.
+"""What the user set explicitly: Hydra command-line overrides and every config file of the user's.
 
 A key the user typed counts as requested even when its value equals upstream's default
-(`actor_rollout_ref.rollout.dtype=bfloat16` typed on a P40 is refused; left alone it becomes float32).
+(`actor_rollout_ref.rollout.dtype=bfloat16` typed on a P40 is refused; left alone it becomes float32). The
+user's files are all of them: the primary config and everything its defaults list, a `+group=option` or a
+`# @package` header pulls in, however deep (verl_compat.config_sources); only verl's packaged configs are defaults.
 """
 
 from __future__ import annotations
@@ -22,9 +24,12 @@ class RequestedKeys:
     """A set of dotted config keys the user set. `key in requested` is true for the key itself and for any
     parent of a key the user set (setting `...mixed_precision.param_dtype` requests `...mixed_precision`)."""
 
-    def __init__(self, keys: Iterable[str] = (), *, known: bool = True) -> None:
+    def __init__(
+        self, keys: Iterable[str] = (), *, known: bool = True, origins: Mapping[str, str] | None = None
+    ) -> None:
         self.keys: frozenset[str] = frozenset(k for k in keys if k)
         self.known = known  # False when the source of requests could not be read (everything counts as default)
+        self.origins: Mapping[str, str] = dict(origins or {})  # key -> the file (or the command line) that set it
 
     def __contains__(self, key: object) -> bool:
         if not isinstance(key, str):
@@ -106,16 +111,40 @@ def _is_verl_own(path: Path) -> bool:
 
 
 def requested_keys(overrides: Iterable[str] = (), config_file: str | os.PathLike[str] | None = None) -> RequestedKeys:
-    """The plain form (tests, doctor): overrides as typed on the command line, plus the user's config file.
+    """The plain form (tests, doctor): overrides as typed on the command line, plus the user's config file and
+    every file it pulls in. `config_file` is skipped when it is verl's own trainer config (ppo_trainer.yaml)."""
+    overrides = list(overrides)
+    if config_file is None or _is_verl_own(Path(config_file)):
+        return RequestedKeys(keys_from_overrides(overrides))
+    origins = keys_from_user_config(config_file, overrides)
+    return RequestedKeys(origins, origins=origins)
 
-    `config_file` is skipped when it is verl's own trainer config (ppo_trainer.yaml): those are upstream defaults.
-    """
-    keys = keys_from_overrides(overrides)
-    if config_file is not None:
-        path = Path(config_file)
-        if not _is_verl_own(path):
-            keys |= keys_from_config_file(path)
-    return RequestedKeys(keys)
+
+def doctor_searchpath(config_file: str | os.PathLike[str]) -> str:
+    """`hydra.searchpath=[...]` for composing a user's file outside main_ppo: its own entries, then verl's configs."""
+    from omegaconf import OmegaConf
+
+    raw = OmegaConf.to_container(OmegaConf.load(config_file), resolve=False)
+    own = (raw.get("hydra") or {}).get("searchpath") or [] if isinstance(raw, dict) else []
+    entries = [*own, f"file://{verl_config_dir()}"]
+    return "hydra.searchpath=[" + ",".join(f"'{e}'" for e in entries) + "]"
+
+
+def keys_from_user_config(config_file: str | os.PathLike[str], overrides: Iterable[str] = ()) -> dict[str, str]:
+    """{key: origin} for `config_file` composed with `overrides`, as `main_ppo --config-path/--config-name` would."""
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from verl_compat.config_sources import user_config_keys
+
+    path = Path(config_file).resolve()
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(path.parent), version_base=None):
+            loader = GlobalHydra.instance().config_loader()
+            return user_config_keys(loader, path.stem, [*overrides, doctor_searchpath(path)])
+    finally:
+        GlobalHydra.instance().clear()
 
 
 def primary_config_file_from_hydra(hydra_cfg: Any) -> Path | None:
@@ -134,12 +163,29 @@ def primary_config_file_from_hydra(hydra_cfg: Any) -> Path | None:
 
 
 def requested_keys_from_hydra() -> RequestedKeys:
-    """Requests of the running Hydra app. Outside Hydra: an empty set with known=False (logged once)."""
+    """Requests of the running Hydra app: its command line and every user config file it composed.
+
+    Outside Hydra: an empty set with known=False (logged once). Should Hydra's defaults-list internals change
+    shape, the primary file and the command line still count (with a warning saying what is not read).
+    """
     from hydra.core.hydra_config import HydraConfig
+
+    from verl_compat.config_sources import running_app_keys
 
     if not HydraConfig.initialized():
         log.info("verl-compat: no Hydra run in this process; every setting is treated as defaulted")
         return RequestedKeys(known=False)
     hydra_cfg = HydraConfig.get()
+    try:
+        origins = running_app_keys()
+    except (AttributeError, TypeError, ImportError) as e:  # hydra._internal API moved: degrade, loudly
+        log.warning("verl-compat: cannot read Hydra's defaults list (%s); only the primary config file counts", e)
+        origins = None
+    if origins is not None:
+        return RequestedKeys(origins, origins=origins)
     overrides = list(hydra_cfg.overrides.task)
-    return requested_keys(overrides, primary_config_file_from_hydra(hydra_cfg))
+    keys = keys_from_overrides(overrides)
+    primary = primary_config_file_from_hydra(hydra_cfg)
+    if primary is not None and not _is_verl_own(primary):
+        keys |= keys_from_config_file(primary)
+    return RequestedKeys(keys)

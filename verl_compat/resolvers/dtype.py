@@ -123,6 +123,17 @@ MASTER_OPTIONS: tuple[Option, ...] = (
 )
 
 
+# FSDP reduce_dtype / buffer_dtype: verl-compat keeps both fp32 on every pre-Ampere card (gradients reduced in
+# fp16 overflow; the loss scaler unscales fp32 grads), so fp32 comes first and a refusal's fix names fp32.
+REDUCE_OPTIONS: tuple[Option, ...] = (
+    Option(
+        "fp32", why="fp32 gradient reduction and buffers (verl-compat's policy)", priority=10, aliases=_ALIASES["fp32"]
+    ),
+    Option("bf16", _bf16_reasons, "", 20, aliases=_ALIASES["bf16"]),
+    Option("fp16", lambda ctx: _fp16_reasons(ctx, training=True), "", 30, aliases=_ALIASES["fp16"]),
+)
+
+
 def _follows_train(value: str):
     def check(ctx: Context) -> list[Reason]:
         train = ctx.fact("train_dtype")
@@ -167,6 +178,11 @@ ROLLOUT_OPTIONS: tuple[Option, ...] = (
 def resolve_train(request: Request, profile: DeviceProfile, registry: Registry | None = None) -> Decision:
     """FSDP mixed-precision param (compute) dtype: 'bf16' | 'fp16' | 'fp32'."""
     return choose(request, profile, TRAIN_OPTIONS, registry=registry)
+
+
+def resolve_reduce(request: Request, profile: DeviceProfile, registry: Registry | None = None) -> Decision:
+    """FSDP mixed_precision.reduce_dtype / buffer_dtype."""
+    return choose(request, profile, REDUCE_OPTIONS, registry=registry)
 
 
 def resolve_master(request: Request, profile: DeviceProfile, registry: Registry | None = None) -> Decision:
