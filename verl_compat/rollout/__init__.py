@@ -6,9 +6,11 @@ workers); both functions are idempotent and import nothing heavy:
 - ``register_adapters(verl.workers.rollout.base._ROLLOUT_REGISTRY)`` adds ``("hf", "async")``;
 - ``register_replicas(verl.workers.rollout.replica.RolloutReplicaRegistry)`` adds ``"hf"``.
 
-Modules: ``engine`` (batched generation, Ray/verl independent), ``sampling`` (vLLM sampling semantics),
-``weights`` (weight sync into the model), ``loading``, ``server`` (Ray actor body), ``adapter`` (trainer side),
-``replica`` (server launch).
+Modules: ``engine`` (batched generation, Ray/verl independent; scheduler, kv_cache, decode_graph,
+device_sampling below it), ``sampling`` (vLLM sampling semantics), ``weights`` (names -> the model's tensors, and
+the storage a sleep frees), ``transfer`` (trainer -> server weight sync: CUDA IPC or shared memory, metadata only
+through Ray), ``loading``, ``server`` (Ray actor body), ``adapter`` (trainer side), ``replica`` (server launch),
+``poll`` (the ReplayBuffer's poll interval, patch 0013), ``stats`` (per-step records, VERL_COMPAT_ROLLOUT_STATS).
 """
 
 from __future__ import annotations
