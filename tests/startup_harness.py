@@ -27,7 +27,8 @@ class StartupResult:
     code: int | None  # SystemExit code; None when the job reached Ray
     err: str
     out: str
-    reached: list[str] = field(default_factory=list)  # "ray.init", "AutoConfig.from_pretrained", ...
+    reached: list[str] = field(default_factory=list)  # "ray.init", "AutoTokenizer.from_pretrained", ...
+    config_reads: list[str] = field(default_factory=list)  # model folders whose config.json was read (no weights)
 
     @property
     def message(self) -> str:
@@ -85,8 +86,16 @@ def run_main(
 
         return classmethod(load)
 
+    config_reads: list[str] = []
+    read_config = transformers.AutoConfig.from_pretrained.__func__
+
+    def record_config(cls, path, *a, **k):  # the memory plan reads config.json (no weights): allowed, recorded
+        config_reads.append(str(path))
+        return read_config(cls, path, *a, **k)
+
     monkeypatch.setattr(ray, "init", record_ray)
-    for name in ("AutoConfig", "AutoTokenizer", "AutoModelForCausalLM", "AutoProcessor", "PreTrainedModel"):
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", classmethod(record_config))
+    for name in ("AutoTokenizer", "AutoModelForCausalLM", "AutoProcessor", "PreTrainedModel"):
         monkeypatch.setattr(getattr(transformers, name), "from_pretrained", recorder(name))
     monkeypatch.chdir(workdir)
     hydra_own = [f"hydra.run.dir={workdir / 'hydra'}", "hydra.output_subdir=null", "hydra/job_logging=none"]
@@ -106,7 +115,7 @@ def run_main(
         GlobalHydra.instance().clear()
     captured = capsys.readouterr()
     assert not ray.is_initialized()
-    return StartupResult(code, captured.err, captured.out, reached)
+    return StartupResult(code, captured.err, captured.out, reached, config_reads)
 
 
 def assert_refused(result: StartupResult, *parts: str, code: int = 2) -> None:

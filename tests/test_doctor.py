@@ -209,7 +209,7 @@ def test_explain_prints_the_same_record_as_json(capsys: pytest.CaptureFixture[st
     assert "- 'bf16': no_native_bf16: needs native bf16 (compute capability >= 8.0), device has 7.0" in out
 
 
-def test_a100_without_flash_attn_defaults_to_sdpa_varlen_with_the_reason() -> None:
+def test_a100_without_flash_attn_defaults_to_sdpa_with_the_reason() -> None:
     """`VERL_COMPAT_DEVICE=a100 verl-compat doctor --json` on a machine without flash-attn (this one)."""
     import importlib.util
 
@@ -219,7 +219,7 @@ def test_a100_without_flash_attn_defaults_to_sdpa_varlen_with_the_reason() -> No
     assert report["packages"]["flash_attn"]["installed"] is False
     for cat in ("attention", "attention.critic"):
         attn = report["policy"][cat]
-        assert attn["value"] == "sdpa_varlen" and attn["defaulted"] is True and attn["identity"] is False
+        assert attn["value"] == "sdpa" and attn["defaulted"] is True and attn["identity"] is False
         assert attn["upstream"] == "flash_attention_2"
         assert "not installed" in attn["reasons"][0]
         fa2 = next(c for c in attn["candidates"] if c["value"] == "flash_attention_2")

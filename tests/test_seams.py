@@ -47,9 +47,9 @@ class ModelConfig:
 
 def test_attn_impl(device) -> None:
     device("p40")
-    assert seams.attn_impl("flash_attention_2") == "sdpa_varlen"
+    assert seams.attn_impl("flash_attention_2") == "sdpa"
     assert seams.attn_impl("flash_attention_2", HFConfig("eager")) == "eager"  # the user's critic override
-    assert seams.attn_impl("flash_attention_2", HFConfig("flash_attention_2")) == "sdpa_varlen"
+    assert seams.attn_impl("flash_attention_2", HFConfig("flash_attention_2")) == "sdpa"
     device("a100")
     assert seams.attn_impl("flash_attention_2", HFConfig("sdpa")) == "flash_attention_2"  # upstream hard-codes it
 
@@ -113,7 +113,7 @@ def test_resolve_model_config(device) -> None:
     )
     out = seams.resolve_model_config(mc)
     assert out is mc
-    assert mc.hf_config._attn_implementation == "sdpa_varlen"
+    assert mc.hf_config._attn_implementation == "sdpa"
     assert mc.use_liger is False and mc.use_fused_kernels is False
     assert mc.use_remove_padding is True  # the driver decides it; it runs everywhere
 
@@ -135,10 +135,10 @@ def test_hf_rollout_dtype_and_attn(device) -> None:
     assert seams.hf_rollout_dtype_and_attn(rc, ModelConfig(HFConfig("sdpa"))) == (torch.float32, "sdpa")
     assert seams.hf_rollout_dtype_and_attn({"dtype": "bfloat16"}, ModelConfig(HFConfig(None))) == (
         torch.float32,
-        "sdpa_varlen",
+        "sdpa",
     )
     device(get_profile("a100").with_packages(flash_attn=PackageStatus("flash_attn", installed=False)))
-    assert seams.hf_rollout_dtype_and_attn(rc.copy(), ModelConfig(HFConfig("flash_attention_2")))[1] == "sdpa_varlen"
+    assert seams.hf_rollout_dtype_and_attn(rc.copy(), ModelConfig(HFConfig("flash_attention_2")))[1] == "sdpa"
     device(get_profile("a100").with_packages(flash_attn=PackageStatus("flash_attn", True, "2.8.3", True)))
     bf16 = OmegaConf.create({"dtype": "bfloat16"})
     assert seams.hf_rollout_dtype_and_attn(bf16, ModelConfig(HFConfig("flash_attention_2"))) == (
@@ -179,7 +179,8 @@ def test_resolve_config_reads_requests_from_hydra(device, hydra_cleanup, tmp_pat
 
     monkeypatch.chdir(tmp_path)  # the default checkpoint folder (checkpoints/...) is looked at for resume
     data = parquet_file(tmp_path / "d.parquet")  # the start-up checks need a real model folder and data files
-    paths = [f"actor_rollout_ref.model.path={tiny_model_dir(tmp_path)}", f"data.train_files={data}"]
+    model = tiny_model_dir(tmp_path)
+    paths = [f"actor_rollout_ref.model.path={model}", f"critic.model.path={model}", f"data.train_files={data}"]
     paths.append(f"data.val_files={data}")
     device("p40")
     cfg = _hydra_run(["algorithm.adv_estimator=grpo", *paths])

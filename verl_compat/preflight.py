@@ -26,9 +26,16 @@ _REMOTE_PREFIXES = ("hdfs://", "s3://", "gs://", "oss://")  # fetched by verl's 
 _DATA_SUFFIXES = (".parquet", ".json", ".jsonl")  # what verl's RLHFDataset reads (rl_dataset.py)
 
 
-def check_job(config: Any, device: str) -> None:
-    """Raise InvalidSettingError for the first setting that cannot work. `device` labels the messages."""
-    for check in (_check_ranges, _check_devices_per_node, _check_model_paths, _check_data_files, _check_code_files):
+def check_files(config: Any, device: str) -> None:
+    """Model folders, data and code files: before the policy, whose memory plan reads the model's config.json.
+    Raises InvalidSettingError for the first that cannot work. `device` labels the messages."""
+    for check in (_check_model_paths, _check_data_files, _check_code_files):
+        check(config, device)
+
+
+def check_settings(config: Any, device: str) -> None:
+    """Fractions, sizes and devices per node: after the policy (the memory plan fills `auto` sizes)."""
+    for check in (_check_ranges, _check_devices_per_node):
         check(config, device)
 
 

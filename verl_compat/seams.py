@@ -88,10 +88,11 @@ def resolve_config(config: Any) -> dict[str, Decision]:
         profile = _profile()
         requested = requested_keys_from_hydra()
         origins.by_key = requested.origins
+        preflight.check_files(config, profile.describe())  # before the memory plan reads the model's config.json
         decisions = resolve_job_config(config, profile, requested, platform=placement_profile(profile))
         size_for_host(config, requested)  # Ray/TransferQueue layout that fits this host (a silent hang otherwise)
         value_checks.check_values(config, profile.describe())  # after the policy: bf16 on a P40 is refused as bf16
-        preflight.check_job(config, profile.describe())
+        preflight.check_settings(config, profile.describe())
         checkpoints.check_at_startup(config, profile.describe())
     changed = [d for d in decisions.values() if d.defaulted and d.upstream is not None and d.value != d.upstream]
     log.info(
