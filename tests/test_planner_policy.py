@@ -8,13 +8,13 @@ import types
 
 import pytest
 from planner_shapes import write_config
-from verl_compat.user_keys import RequestedKeys
 
 from verl_compat.catalog import get_profile
 from verl_compat.planner import keys as K
 from verl_compat.planner.resolve import SHARES_ENV, planned_share
 from verl_compat.planner.search import PlanError
 from verl_compat.policy import compose_ppo_config, decide, resolve_job_config
+from verl_compat.user_keys import RequestedKeys
 
 
 @pytest.fixture(scope="module")
