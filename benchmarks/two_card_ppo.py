@@ -10,6 +10,7 @@ reports:
   and the 2-card / 1-card ratio (target >= 1.8);
 - memory per card: peak of nvidia-smi's ``memory.used`` per GPU (every process on that GPU), against the card's;
 - NCCL errors: lines of the job's log that report one (verl runs with NCCL_DEBUG=WARN);
+- non-finite losses (pg / value / KL penalty): a job that does not train is no result;
 - rollout replicas that served requests (one per card expected) and step/gen/update_weights medians.
 
 Scaling: ``weak`` (default) keeps the per-card batch, so 2 cards train ``train_batch_size`` x 2 prompts per step (how
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import statistics
@@ -39,6 +41,8 @@ NCCL_ERROR = re.compile(
     r"|ProcessGroupNCCL.*(error|timed? ?out|watchdog)|DistBackendError",
     re.IGNORECASE,
 )
+# a fp16 step the scaler skips may report an inf grad norm; a non-finite loss means the job does not train
+LOSS_KEYS = ("actor/pg_loss", "critic/vf_loss", "actor/reward_kl_penalty")
 BATCH_KEYS = ("data.train_batch_size", "actor_rollout_ref.actor.ppo_mini_batch_size")
 
 
@@ -70,6 +74,20 @@ def nccl_errors(log: Path) -> list[str]:
     return [line.strip()[:300] for line in log.read_text(errors="replace").splitlines() if NCCL_ERROR.search(line)]
 
 
+def nonfinite_losses(metrics: Path) -> list[str]:
+    """``step N: key=value`` for every loss of verl's per-step metrics (metrics.jsonl) that is nan or inf."""
+    if not metrics.is_file():
+        return []
+    bad = []
+    for line in metrics.read_text().splitlines():
+        row = json.loads(line) if line.strip() else {}
+        for key in LOSS_KEYS:
+            value = row.get("data", {}).get(key)
+            if isinstance(value, float) and not math.isfinite(value):
+                bad.append(f"step {row.get('step')}: {key}={value}")
+    return bad
+
+
 def _median_after_first(values: list[float]) -> float | None:
     rest = values[1:] if len(values) > 1 else values
     return round(statistics.median(rest), 4) if rest else None
@@ -90,6 +108,7 @@ def analyse(result: dict[str, Any], device: str, cards: int) -> dict[str, Any]:
                 over[int(gpu)] = over.get(int(gpu), 0) + 1
     replicas = {r["pid"] for r in result["rollout_stats"] if r["kind"] == "rollout_batch" and r.get("requests")}
     errors = nccl_errors(Path(result["log"]))
+    nonfinite = nonfinite_losses(Path(result["log"]).parent / "metrics.jsonl")
     return {
         "device": device,
         "cards": cards,
@@ -111,6 +130,7 @@ def analyse(result: dict[str, Any], device: str, cards: int) -> dict[str, Any]:
         "rollout_replicas_serving": len(replicas),
         "nccl_error_lines": len(errors),
         "nccl_errors_first": errors[:5],
+        "nonfinite_losses": nonfinite,
         "startup_s": result["startup_s"],
         "wall_s": result["wall_s"],
         "rollout_probs_diff_max": summary["training/rollout_probs_diff_max"]["per_step"],
@@ -139,6 +159,8 @@ def compare(one: dict[str, Any], two: dict[str, Any]) -> dict[str, Any]:
             and two["memory_within_card"]
             and len(two["gpus_in_use"]) == 2
             and two["nccl_error_lines"] == 0
+            and not one["nonfinite_losses"]
+            and not two["nonfinite_losses"]
         ),
     }
 
@@ -177,6 +199,7 @@ def print_table(jobs: list[dict[str, Any]], comparisons: list[dict[str, Any]]) -
         ("memory within card", "memory_within_card"),
         ("replicas serving", "rollout_replicas_serving"),
         ("NCCL error lines", "nccl_error_lines"),
+        ("non-finite losses", "nonfinite_losses"),
         ("start-up s", "startup_s"),
     ]
     print(f"{'':26}" + "".join(f"{j['device'] + ' x' + str(j['cards']):>24}" for j in jobs))

@@ -61,3 +61,12 @@ def test_ratio_memory_per_card_and_nccl_errors(tmp_path: Path) -> None:
     log = "step:1 - ok\n(WorkerDict pid=7) host:123:456 [1] NCCL WARN Cuda failure 'out of memory'\n"
     broken = bench.analyse(_result(tmp_path, 2, 20_000, 42.0, {0: 12_000, 1: 12_000}, log), "t4", 2)
     assert broken["nccl_error_lines"] == 1 and not bench.compare(one, broken)["ok"]
+
+
+def test_nonfinite_losses_fail_the_comparison(tmp_path: Path) -> None:
+    rows = ['{"step": 1, "data": {"actor/pg_loss": 0.1, "critic/vf_loss": NaN, "actor/grad_norm": Infinity}}']
+    (tmp_path / "metrics.jsonl").write_text("\n".join(rows) + "\n")
+    assert bench.nonfinite_losses(tmp_path / "metrics.jsonl") == ["step 1: critic/vf_loss=nan"]
+    one = bench.analyse(_result(tmp_path, 1, 10_000, 40.0, {0: 12_000}), "t4", 1)
+    two = bench.analyse(_result(tmp_path, 2, 20_000, 42.0, {0: 12_000, 1: 12_000}), "t4", 2)
+    assert one["nonfinite_losses"] and not bench.compare(one, two)["ok"]
