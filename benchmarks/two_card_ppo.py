@@ -75,15 +75,17 @@ def nccl_errors(log: Path) -> list[str]:
 
 
 def nonfinite_losses(metrics: Path) -> list[str]:
-    """``step N: key=value`` for every loss of verl's per-step metrics (metrics.jsonl) that is nan or inf."""
+    """``step N: key=value`` for every loss of verl's per-step metrics (metrics.jsonl) that is nan or inf (verl's
+    file logger writes those as null)."""
     if not metrics.is_file():
         return []
     bad = []
     for line in metrics.read_text().splitlines():
         row = json.loads(line) if line.strip() else {}
         for key in LOSS_KEYS:
-            value = row.get("data", {}).get(key)
-            if isinstance(value, float) and not math.isfinite(value):
+            data = row.get("data", {})
+            value = data.get(key)
+            if (key in data and value is None) or (isinstance(value, float) and not math.isfinite(value)):
                 bad.append(f"step {row.get('step')}: {key}={value}")
     return bad
 

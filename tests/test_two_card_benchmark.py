@@ -64,9 +64,13 @@ def test_ratio_memory_per_card_and_nccl_errors(tmp_path: Path) -> None:
 
 
 def test_nonfinite_losses_fail_the_comparison(tmp_path: Path) -> None:
-    rows = ['{"step": 1, "data": {"actor/pg_loss": 0.1, "critic/vf_loss": NaN, "actor/grad_norm": Infinity}}']
+    rows = [  # verl's file logger writes nan as null
+        '{"step": 1, "data": {"actor/pg_loss": 0.1, "critic/vf_loss": NaN, "actor/grad_norm": Infinity}}',
+        '{"step": 2, "data": {"actor/pg_loss": null, "critic/vf_loss": 0.2}}',
+    ]
     (tmp_path / "metrics.jsonl").write_text("\n".join(rows) + "\n")
-    assert bench.nonfinite_losses(tmp_path / "metrics.jsonl") == ["step 1: critic/vf_loss=nan"]
+    expected = ["step 1: critic/vf_loss=nan", "step 2: actor/pg_loss=None"]
+    assert bench.nonfinite_losses(tmp_path / "metrics.jsonl") == expected
     one = bench.analyse(_result(tmp_path, 1, 10_000, 40.0, {0: 12_000}), "t4", 1)
     two = bench.analyse(_result(tmp_path, 2, 20_000, 42.0, {0: 12_000, 1: 12_000}), "t4", 2)
     assert one["nonfinite_losses"] and not bench.compare(one, two)["ok"]
