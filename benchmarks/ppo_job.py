@@ -194,14 +194,19 @@ def build_assets(root: Path, shape: str = "qwen2.5-0.5b") -> Assets:
     return Assets(model_dir, train, val)
 
 
-def job_command(setting: str, assets: Assets, steps: int, extra: list[str] = ()) -> list[str]:
+GPUS_KEY = "trainer.n_gpus_per_node"
+
+
+def job_command(setting: str, assets: Assets, steps: int, extra: list[str] = (), gpus: int = 1) -> list[str]:
+    """``gpus``: trainer.n_gpus_per_node (FSDP ranks, one hf rollout replica each); batch sizes stay the setting's."""
     if setting not in SETTINGS:
         raise KeyError(f"unknown setting {setting!r}; choose one of {sorted(SETTINGS)}")
+    common = [o for o in COMMON if not o.startswith(f"{GPUS_KEY}=")] + [f"{GPUS_KEY}={gpus}"]
     return [
         sys.executable,
         "-m",
         "verl.trainer.main_ppo",
-        *COMMON,
+        *common,
         *SETTINGS[setting],
         f"data.train_files={assets.train}",
         f"data.val_files={assets.val}",
@@ -215,7 +220,7 @@ def job_command(setting: str, assets: Assets, steps: int, extra: list[str] = ())
 
 # ---------------------------------------------------------------------------------------------------- memory
 class GpuMemorySampler:
-    """nvidia-smi every ``period_s``: memory used on the whole card and per process (MiB), with timestamps."""
+    """nvidia-smi every ``period_s``: memory used on all cards, per card (index -> MiB) and per process (MiB)."""
 
     def __init__(self, period_s: float = 1.0):
         self.period_s = period_s
@@ -239,12 +244,12 @@ class GpuMemorySampler:
     def _loop(self) -> None:
         while not self._stop.is_set():
             try:
-                total = sum(
-                    int(r[0]) for r in self._query(["--query-gpu=memory.used", "--format=csv,noheader,nounits"])
-                )
+                gpus = self._query(["--query-gpu=index,memory.used", "--format=csv,noheader,nounits"])
+                per_gpu = {int(r[0]): int(r[1]) for r in gpus if len(r) == 2 and r[0].isdigit() and r[1].isdigit()}
                 procs = self._query(["--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"])
                 per_pid = {int(r[0]): int(r[1]) for r in procs if len(r) == 2 and r[0].isdigit() and r[1].isdigit()}
-                self.samples.append({"t": time.time(), "total_mib": total, "per_pid_mib": per_pid})
+                sample = {"t": time.time(), "total_mib": sum(per_gpu.values()), "per_pid_mib": per_pid}
+                self.samples.append({**sample, "per_gpu_mib": per_gpu})
             except FileNotFoundError:
                 self.errors.append("nvidia-smi not found")
                 return
@@ -302,6 +307,7 @@ def run_setting(
     extra: list[str] = (),
     env: dict[str, str] | None = None,
     timeout_s: float | None = None,
+    gpus: int = 1,
 ) -> dict[str, Any]:
     """Run one setting to completion (or ``timeout_s``) and return its metrics; logs stay in ``work_dir``."""
     work_dir = Path(work_dir)
@@ -317,7 +323,7 @@ def run_setting(
         HF_HUB_OFFLINE="1",
         PYTHONUNBUFFERED="1",
     )
-    cmd = job_command(setting, assets, steps, list(extra))
+    cmd = job_command(setting, assets, steps, list(extra), gpus)
     t0 = time.time()
     step_seen: dict[int, float] = {}
     with GpuMemorySampler() as sampler, open(work_dir / "job.log", "w") as log:
@@ -347,6 +353,7 @@ def run_setting(
         "setting": setting,
         "overrides": SETTINGS[setting] + list(extra),
         "device_profile": run_env.get("VERL_COMPAT_DEVICE", "(real)"),
+        "gpus": gpus,
         "returncode": returncode,
         "steps_completed": len(rows),
         "wall_s": round(wall, 1),
@@ -355,12 +362,21 @@ def run_setting(
         "rollout_stats": rollout,
         "memory": {
             "peak_total_mib": max((s["total_mib"] for s in sampler.samples), default=None),
+            "peak_per_gpu_mib": _peak_per_gpu(sampler.samples),
             "samples": sampler.samples,
             "process_names": process_names(pids),
             "errors": sampler.errors[:5],
         },
         "log": str(work_dir / "job.log"),
     }
+
+
+def _peak_per_gpu(samples: list[dict[str, Any]]) -> dict[int, int]:
+    peak: dict[int, int] = {}
+    for sample in samples:
+        for index, mib in sample.get("per_gpu_mib", {}).items():
+            peak[index] = max(peak.get(index, 0), mib)
+    return peak
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -379,6 +395,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--setting", choices=sorted(SETTINGS), required=True)
     ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--gpus", type=int, default=1, help="trainer.n_gpus_per_node")
     ap.add_argument("--shape", choices=sorted(SHAPES), default="qwen2.5-0.5b")
     ap.add_argument("--assets", type=Path, default=Path("/tmp/ppo-job-assets"))
     ap.add_argument("--work", type=Path, default=None)
@@ -387,7 +404,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     assets = build_assets(args.assets, args.shape)
     work = args.work or Path(f"/tmp/ppo-job-{args.setting}")
-    result = run_setting(args.setting, assets, args.steps, work, [a for a in args.extra if a != "--"])
+    extra = [a for a in args.extra if a != "--"]
+    result = run_setting(args.setting, assets, args.steps, work, extra, gpus=args.gpus)
     args.out.write_text(json.dumps(result, indent=1, default=str))
     for key, value in result["summary"].items():
         print(f"{key:36} {value['median_after_first']}  {value['per_step']}")
