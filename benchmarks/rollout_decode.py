@@ -35,22 +35,10 @@ PROMPT, NEW, BATCHES = 128, 256, (1, 64)
 
 
 def qwen_05b_config():
+    from ppo_job import QWEN25_05B  # one Qwen2.5-0.5B shape for every benchmark (this folder is on sys.path)
     from transformers import Qwen2Config
 
-    return Qwen2Config(
-        vocab_size=151936,
-        hidden_size=896,
-        intermediate_size=4864,
-        num_hidden_layers=24,
-        num_attention_heads=14,
-        num_key_value_heads=2,
-        max_position_embeddings=32768,
-        rope_theta=1000000.0,
-        rms_norm_eps=1e-6,
-        tie_word_embeddings=True,
-        bos_token_id=151643,
-        eos_token_id=151645,
-    )
+    return Qwen2Config(**QWEN25_05B, bos_token_id=151643, eos_token_id=151645)
 
 
 def sync_time(fn, repeat: int = 1) -> float:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
 from verl_compat.detect import ENV_VAR, reset_cache
@@ -13,3 +15,24 @@ def _real_device(monkeypatch: pytest.MonkeyPatch):
     reset_cache()
     yield
     reset_cache()
+
+
+@pytest.fixture(scope="module")
+def single_rank() -> Iterator[None]:
+    """The environment a Ray worker of a one-GPU pool gets: rank 0 of 1 (verl's Worker reads it)."""
+    import torch
+    from engine_harness import free_port
+
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in {
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(free_port()),
+            "RANK": "0",
+            "WORLD_SIZE": "1",
+            "LOCAL_RANK": "0",
+            "LOCAL_WORLD_SIZE": "1",
+        }.items():
+            mp.setenv(key, value)
+        yield
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()

@@ -12,7 +12,6 @@ v100 and t4 compute is fp16 with fp32 master weights and loss scaling, and an ov
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,6 @@ from engine_harness import (
     actor_update_input,
     assert_policy_held,
     compose_ppo_config,
-    free_port,
     overrides,
     padded,
     padded_batch,
@@ -41,24 +39,6 @@ PROFILES = ["cpu", "p40", "v100", "t4"]
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tiny_llama(tmp_path_factory.mktemp("tiny") / "model")
-
-
-@pytest.fixture(scope="module")
-def single_rank() -> Iterator[None]:
-    """The environment a Ray worker of a one-GPU pool gets: rank 0 of 1 (verl's Worker reads it)."""
-    with pytest.MonkeyPatch.context() as mp:
-        for key, value in {
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(free_port()),
-            "RANK": "0",
-            "WORLD_SIZE": "1",
-            "LOCAL_RANK": "0",
-            "LOCAL_WORLD_SIZE": "1",
-        }.items():
-            mp.setenv(key, value)
-        yield
-        if torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
 
 
 @pytest.fixture

@@ -4,11 +4,9 @@ update's loss with use_remove_padding on and off)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
-from engine_harness import compose_ppo_config, free_port, overrides, padded, padded_batch, to_engine_input
+from engine_harness import compose_ppo_config, overrides, padded, padded_batch, to_engine_input
 from tiny_configs import tiny_config
 
 from verl_compat.packed import VARLEN, packed_segments, register
@@ -77,23 +75,6 @@ def test_generation_is_plain_sdpa(model_pair):
 
 
 # verl's engine -------------------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def single_rank() -> Iterator[None]:
-    with pytest.MonkeyPatch.context() as mp:
-        for key, value in {
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(free_port()),
-            "RANK": "0",
-            "WORLD_SIZE": "1",
-            "LOCAL_RANK": "0",
-            "LOCAL_WORLD_SIZE": "1",
-        }.items():
-            mp.setenv(key, value)
-        yield
-        if torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
-
-
 def test_verl_engine_log_probs_and_loss_equal_with_and_without_remove_padding(tmp_path, single_rank, monkeypatch):
     from engine_harness import actor_update_input
 
