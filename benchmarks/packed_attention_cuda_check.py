@@ -10,6 +10,7 @@ forward time and peak memory of packed vs padded attention for the varlen-attent
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import sys
 import time
@@ -73,8 +74,11 @@ def model_check(dtype: torch.dtype) -> dict:
         num_key_value_heads=2,
     )
     torch.manual_seed(0)
-    packed_model = Qwen2ForCausalLM._from_config(cfg, attn_implementation=VARLEN, dtype=dtype).cuda()
-    padded_model = Qwen2ForCausalLM._from_config(cfg, attn_implementation="sdpa", dtype=dtype).cuda()
+    # one config object each: _from_config writes attn_implementation into the config it is given, so a shared
+    # one would make the packed model run plain sdpa too
+    packed_model = Qwen2ForCausalLM._from_config(copy.deepcopy(cfg), attn_implementation=VARLEN, dtype=dtype).cuda()
+    padded_model = Qwen2ForCausalLM._from_config(copy.deepcopy(cfg), attn_implementation="sdpa", dtype=dtype).cuda()
+    assert packed_model.config._attn_implementation == VARLEN, packed_model.config._attn_implementation
     padded_model.load_state_dict(packed_model.state_dict())
     lens = [37, 200, 5, 121]
     seqs = [torch.randint(3, 1000, (L,)) for L in lens]

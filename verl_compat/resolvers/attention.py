@@ -25,16 +25,16 @@ def _fa3_reasons(ctx: Context) -> list[Reason]:
 
 
 def _varlen_reasons(ctx: Context) -> list[Reason]:
-    # Verified on CPU (tests/test_packed_attention.py, verl's own FSDP engine). On CUDA the kernel matches a float64
-    # reference, but benchmarks/packed_attention_cuda_check.py's whole-model check did not match the padded path on
-    # the H200 (2026-12-01): not a default there until that check passes; asked for explicitly, it is kept.
+    # Verified on CPU inside verl's FSDP engine (tests/test_packed_attention.py); on the H200 the kernel and a whole
+    # model match the padded path (benchmarks/packed_attention_cuda_check.py, 2026-12-01), but no PPO step inside
+    # verl's loop has run with it on a GPU yet: a default there after that run; asked for explicitly, it is kept.
     if ctx.profile.is_cpu:
         return []
     return [
         soft(
             "unverified_on_gpu",
-            f"{VARLEN}'s packed path is not yet verified at model level on a GPU "
-            "(benchmarks/packed_attention_cuda_check.py)",
+            f"{VARLEN}'s packed path has not yet run inside verl's training loop on a GPU "
+            "(its kernel and whole-model checks pass: benchmarks/packed_attention_cuda_check.py)",
         )
     ]
 
