@@ -11,26 +11,10 @@ class UnknownDeviceProfileError(VerlCompatError, ValueError):
     """`VERL_COMPAT_DEVICE` names a profile that is not in the catalog."""
 
 
-class IncompatibleRequestError(VerlCompatError, ValueError):
-    """A value the user set explicitly cannot run on this device.
+class _SettingError(VerlCompatError, ValueError):
+    """A message that always names the config key, the device (or host), the reason and the fix."""
 
-    The message always names the config key, the device, the reason and the fix.
-    """
-
-    def __init__(self, key: str, value: object, device: str, reason: str, fix: str):
-        self.key = key
-        self.value = value
-        self.device = device
-        self.reason = reason
-        self.fix = fix
-        super().__init__(f"{key}={value!r} cannot run on {device}: {reason}. Fix: {fix}")
-
-
-class InvalidSettingError(VerlCompatError, ValueError):
-    """A setting that cannot work anywhere (a missing model folder, a fraction out of range, a broken checkpoint).
-
-    Same four parts as IncompatibleRequestError: the config key, the device (or host), the reason and the fix.
-    """
+    verb = "cannot run on"
 
     def __init__(self, key: str, value: object, device: str, reason: str, fix: str):
         self.key = key
@@ -38,4 +22,14 @@ class InvalidSettingError(VerlCompatError, ValueError):
         self.device = device
         self.reason = reason
         self.fix = fix
-        super().__init__(f"{key}={value!r} cannot be used on {device}: {reason}. Fix: {fix}")
+        super().__init__(f"{key}={value!r} {self.verb} {device}: {reason}. Fix: {fix}")
+
+
+class IncompatibleRequestError(_SettingError):
+    """A value the user set explicitly cannot run on this device."""
+
+
+class InvalidSettingError(_SettingError):
+    """A setting that cannot work anywhere (a missing model folder, a fraction out of range, a broken checkpoint)."""
+
+    verb = "cannot be used on"
