@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.ppo_job import SETTINGS, build_assets, run_setting  # noqa: E402
+from benchmarks.ppo_job import SETTINGS, build_assets, print_rows, run_setting  # noqa: E402
 
 UPDATE_WEIGHTS_TARGET_S = 0.2
 GEN_VS_ENGINE_TOLERANCE = 0.10
@@ -142,9 +142,7 @@ def print_table(reports: list[dict[str, Any]]) -> None:
         ("step s (median 2+)", "step_s_median_after_first"),
         ("start-up s", "startup_s"),
     ]
-    print(f"{'':32}" + "".join(f"{r['setting']:>26}" for r in reports))
-    for label, key in rows:
-        print(f"{label:32}" + "".join(f"{str(r.get(key)):>26}" for r in reports))
+    print_rows([r["setting"] for r in reports], reports, rows, 26)
     for r in reports:
         print(r["setting"], "per step:", json.dumps(r["per_step"]))
 

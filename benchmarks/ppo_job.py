@@ -278,9 +278,18 @@ def _series(steps: list[dict], key: str) -> list[float]:
     return [float(s["data"][key]) for s in steps if key in s["data"]]
 
 
-def _median_after_first(values: list[float]) -> float | None:
+def median_after_first(values: list[float]) -> float | None:
+    """Median of steps 2+ (step 1 carries the warm-up), of all when there is only one."""
     rest = values[1:] if len(values) > 1 else values
     return round(statistics.median(rest), 4) if rest else None
+
+
+def print_rows(headers: list[str], records: list[dict[str, Any]], rows: list[tuple[str, str]], width: int) -> None:
+    """One column per record, one line per (label, key) row: the benchmarks' closing table."""
+    label_width = max(len(label) for label, _ in rows) + 2
+    print(" " * label_width + "".join(f"{h:>{width}}" for h in headers))
+    for label, key in rows:
+        print(f"{label:{label_width}}" + "".join(f"{str(r.get(key)):>{width}}" for r in records))
 
 
 SUMMARY_KEYS = (
@@ -343,7 +352,7 @@ def run_setting(
     rollout = _read_jsonl(stats_path)
     summary = {key: {"per_step": _series(rows, key), "median_after_first": None} for key in SUMMARY_KEYS}
     for value in summary.values():
-        value["median_after_first"] = _median_after_first(value["per_step"])
+        value["median_after_first"] = median_after_first(value["per_step"])
     first_step_time = _series(rows, "timing_s/step")[:1]
     startup = None
     if 1 in step_seen and first_step_time:

@@ -25,14 +25,13 @@ import json
 import math
 import os
 import re
-import statistics
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.ppo_job import SETTINGS, build_assets, run_setting  # noqa: E402
+from benchmarks.ppo_job import SETTINGS, build_assets, median_after_first, print_rows, run_setting  # noqa: E402
 
 SCALING_TARGET = 1.8
 GPU_IN_USE_MIB = 512  # a GPU whose peak stays below this ran no job process (an idle H200 shows a few MiB)
@@ -90,11 +89,6 @@ def nonfinite_losses(metrics: Path) -> list[str]:
     return bad
 
 
-def _median_after_first(values: list[float]) -> float | None:
-    rest = values[1:] if len(values) > 1 else values
-    return round(statistics.median(rest), 4) if rest else None
-
-
 def analyse(result: dict[str, Any], device: str, cards: int) -> dict[str, Any]:
     summary = result["summary"]
     tokens = summary["perf/total_num_tokens"]["per_step"]
@@ -117,8 +111,8 @@ def analyse(result: dict[str, Any], device: str, cards: int) -> dict[str, Any]:
         "returncode": result["returncode"],
         "steps_completed": result["steps_completed"],
         "overrides": result["overrides"],
-        "tokens_per_step_median": _median_after_first(tokens),
-        "tokens_per_s_median_after_first": _median_after_first(tokens_per_s),
+        "tokens_per_step_median": median_after_first(tokens),
+        "tokens_per_s_median_after_first": median_after_first(tokens_per_s),
         "tokens_per_s_per_step": [round(v, 2) for v in tokens_per_s],
         "step_s_median_after_first": summary["timing_s/step"]["median_after_first"],
         "gen_s_median_after_first": summary["timing_s/gen"]["median_after_first"],
@@ -204,9 +198,7 @@ def print_table(jobs: list[dict[str, Any]], comparisons: list[dict[str, Any]]) -
         ("non-finite losses", "nonfinite_losses"),
         ("start-up s", "startup_s"),
     ]
-    print(f"{'':26}" + "".join(f"{j['device'] + ' x' + str(j['cards']):>24}" for j in jobs))
-    for label, key in rows:
-        print(f"{label:26}" + "".join(f"{str(j.get(key)):>24}" for j in jobs))
+    print_rows([f"{j['device']} x{j['cards']}" for j in jobs], jobs, rows, 24)
     for c in comparisons:
         print(
             f"{c['device']}: 2 cards / 1 card tokens/s = {c['scaling_ratio']} (target >= {SCALING_TARGET}); "
