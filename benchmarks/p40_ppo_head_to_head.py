@@ -115,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--assets", type=Path, default=Path("/tmp/ppo-job-assets"))
     ap.add_argument("--out", type=Path, default=Path("p40_ppo_head_to_head.json"))
     ap.add_argument("--timeout-s", type=float, default=560, help="per side")
+    ap.add_argument("--trace", action="store_true", help="start-up timeline of every process (startup_trace)")
     args = ap.parse_args(argv)
     profile = os.environ.get("VERL_COMPAT_DEVICE")
     if profile not in TRAIN_DTYPE:
@@ -129,7 +130,9 @@ def main(argv: list[str] | None = None) -> int:
     report.setdefault("sides", {})
     report["plan"] = plan_estimate(assets, profile)
     for setting in args.settings.split(","):
-        result = ppo_job.run_setting(setting, assets, args.steps, Path(f"/tmp/h2h-{setting}"), timeout_s=args.timeout_s)
+        result = ppo_job.run_setting(
+            setting, assets, args.steps, Path(f"/tmp/h2h-{setting}"), timeout_s=args.timeout_s, trace=args.trace
+        )
         report["sides"][setting] = {**side_report(result), "raw": result}
     if "matmul_tflops" not in report:
         report["matmul_tflops"] = matmul_tflops(TRAIN_DTYPE[profile])

@@ -317,8 +317,10 @@ def run_setting(
     env: dict[str, str] | None = None,
     timeout_s: float | None = None,
     gpus: int = 1,
+    trace: bool = False,
 ) -> dict[str, Any]:
-    """Run one setting to completion (or ``timeout_s``) and return its metrics; logs stay in ``work_dir``."""
+    """Run one setting to completion (or ``timeout_s``) and return its metrics; logs stay in ``work_dir``.
+    ``trace``: benchmarks/startup_trace in every process of the job; its timeline comes back as ``startup_trace``."""
     work_dir = Path(work_dir)
     work_dir.mkdir(parents=True, exist_ok=True)
     metrics_path, stats_path = work_dir / "metrics.jsonl", work_dir / "rollout_stats.jsonl"
@@ -332,6 +334,12 @@ def run_setting(
         HF_HUB_OFFLINE="1",
         PYTHONUNBUFFERED="1",
     )
+    trace_path = work_dir / "startup_trace.jsonl"
+    trace_path.unlink(missing_ok=True)
+    if trace:
+        tracer = str(Path(__file__).resolve().parent / "startup_trace")
+        run_env["PYTHONPATH"] = os.pathsep.join(p for p in (tracer, run_env.get("PYTHONPATH", "")) if p)
+        run_env["VERL_COMPAT_STARTUP_TRACE"] = str(trace_path)
     cmd = job_command(setting, assets, steps, list(extra), gpus)
     t0 = time.time()
     step_seen: dict[int, float] = {}
@@ -377,7 +385,25 @@ def run_setting(
             "errors": sampler.errors[:5],
         },
         "log": str(work_dir / "job.log"),
+        "startup_trace": startup_timeline(trace_path, t0) if trace else None,
     }
+
+
+def startup_timeline(trace_path: Path, t0: float, min_s: float = 0.2) -> list[dict[str, Any]]:
+    """The tracer's calls of at least ``min_s``, in start order, in seconds from the job's launch."""
+    rows = sorted(_read_jsonl(trace_path), key=lambda r: r["t0"])
+    procs: dict[int, int] = {}
+    return [
+        {
+            "proc": procs.setdefault(r["pid"], len(procs)),
+            "name": r["name"],
+            "start_s": round(r["t0"] - t0, 2),
+            "dur_s": round(r["t1"] - r["t0"], 2),
+            "proc_start_s": round(r["proc_start"] - t0, 2),
+        }
+        for r in rows
+        if r["t1"] - r["t0"] >= min_s
+    ]
 
 
 def _peak_per_gpu(samples: list[dict[str, Any]]) -> dict[int, int]:
