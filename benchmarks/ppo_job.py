@@ -187,11 +187,25 @@ def build_data(data_dir: Path) -> tuple[Path, Path]:
 
 
 def build_assets(root: Path, shape: str = "qwen2.5-0.5b") -> Assets:
-    """Model folder and data for the job under ``root`` (reused when already there)."""
+    """Model folder and data for the job under ``root`` (reused when already there). On a GPU the model is built
+    in a child process, so this one holds no CUDA memory while the job's memory is sampled."""
     root = Path(root)
-    model_dir = build_model(root / f"model-{shape}", shape)
+    model_dir = root / f"model-{shape}"
+    if _cuda_visible():
+        code = f"import sys; sys.path.insert(0, {str(Path(__file__).resolve().parent)!r}); import ppo_job; "
+        code += f"ppo_job.build_model(ppo_job.Path({str(model_dir)!r}), {shape!r})"
+        subprocess.run([sys.executable, "-c", code], check=True)
+    model_dir = build_model(model_dir, shape)
     train, val = build_data(root / "gsm8k")
     return Assets(model_dir, train, val)
+
+
+def _cuda_visible() -> bool:
+    """Whether a GPU is there, without creating a CUDA context in this process (nvidia-smi answers)."""
+    try:
+        return subprocess.run(["nvidia-smi", "-L"], capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
 
 
 GPUS_KEY = "trainer.n_gpus_per_node"
@@ -248,7 +262,10 @@ class GpuMemorySampler:
                 per_gpu = {int(r[0]): int(r[1]) for r in gpus if len(r) == 2 and r[0].isdigit() and r[1].isdigit()}
                 procs = self._query(["--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"])
                 per_pid = {int(r[0]): int(r[1]) for r in procs if len(r) == 2 and r[0].isdigit() and r[1].isdigit()}
-                sample = {"t": time.time(), "total_mib": sum(per_gpu.values()), "per_pid_mib": per_pid}
+                # the job's memory: the card's use less this benchmark process's own (its CUDA context, if any)
+                used = sum(per_gpu.values())
+                sample = {"t": time.time(), "total_mib": used - per_pid.get(os.getpid(), 0), "per_pid_mib": per_pid}
+                sample["card_used_mib"] = used
                 self.samples.append({**sample, "per_gpu_mib": per_gpu})
             except FileNotFoundError:
                 self.errors.append("nvidia-smi not found")

@@ -26,9 +26,17 @@ from verl_compat.planner.shape import ModelShape
 
 GIB = 2**30
 ADAM_STATES = 2  # exp_avg and exp_avg_sq, in the master dtype
-CONTEXT_TRAINER = int(0.75 * GIB)  # CUDA context, cuBLAS handles and NCCL buffers: outside the caching allocator
-CONTEXT_ROLLOUT = int(0.5 * GIB)
+# Outside the caching allocator: CUDA context, loaded kernels, cuBLAS workspaces, NCCL buffers. Measured on the H200
+# (torch 2.11, CUDA 13; benchmarks/results/p40_h200_ppo_head_to_head.json's OOM reports: "this process has X in
+# use" minus what PyTorch reserved): trainer 1.21 GiB, rollout 0.60 GiB. Older cards load fewer kernel images, so
+# these are the high side there.
+CONTEXT_TRAINER = int(1.25 * GIB)
+CONTEXT_ROLLOUT = int(0.625 * GIB)
 FRAGMENTATION = 0.08  # caching-allocator overhead over the live peak, added to each process's share
+# Training activations on CUDA over this file's per-token count: 1.13 measured on the H200 (fp32, SDPA, the
+# Qwen2.5-0.5B shape, micro-batches 2-16 x 512 tokens: benchmarks/train_microbatch_rate.py); the CPU count matched
+# within a few %. The CUDA kernels keep more (SDPA's saved statistics, cuBLAS and autograd work buffers).
+CUDA_TRAIN_ACTIVATIONS = 1.15
 HEADROOM = 0.05  # of the card, kept free beyond every estimate
 
 
@@ -78,6 +86,7 @@ def _forward_acts(shape: ModelShape, tokens: int, b: int, lm_head: bool, entropy
 def phase_activations(job: JobSpec, phase: str, micro: int, c: Choice) -> int:
     """Activation bytes of one trainer phase at `micro` sequences per micro-batch."""
     tokens, a, crit = micro * job.seq_len, job.actor, job.critic
+    train_margin = CUDA_TRAIN_ACTIVATIONS if job.on_gpu else 1.0
     if phase == "old_log_prob":
         return _forward_acts(a, tokens, job.train_bytes, True, True)
     if phase == "ref":
@@ -85,9 +94,9 @@ def phase_activations(job: JobSpec, phase: str, micro: int, c: Choice) -> int:
     if phase == "values":
         return _forward_acts(crit, tokens, job.critic_train_bytes, False, False)
     if phase == "update_critic":
-        return _train_acts(crit, tokens, job.critic_train_bytes, c.critic_gc, False, False)
+        return int(train_margin * _train_acts(crit, tokens, job.critic_train_bytes, c.critic_gc, False, False))
     if phase == "update_actor":
-        return _train_acts(a, tokens, job.train_bytes, c.actor_gc, True, job.actor_entropy)
+        return int(train_margin * _train_acts(a, tokens, job.train_bytes, c.actor_gc, True, job.actor_entropy))
     return 0
 
 
@@ -155,6 +164,10 @@ def trainer_phases(job: JobSpec, c: Choice) -> list[Phase]:
     phases.append(p)
 
     p = Phase("trainer", "update_weights", {"actor weights": pa * m, "largest tensor gathered": a.embedding_params * m})
+    # the hf engine's sync stages tensors in one bucket (capped at the rollout's model size: Qwen2.5-0.5B fp32
+    # fills 1.98 GB of the default 2048 MB); vLLM/SGLang servers bring their own transfer and are not planned here
+    if job.engine == "hf":
+        p.parts["weight sync staging bucket"] = min(job.sync_bucket_bytes, a.lm_params * job.rollout_bytes)
     if not c.actor_optim_offload:
         p.parts["actor optimizer (resident)"] = pa * m * ADAM_STATES
     p.parts |= others("actor")

@@ -53,6 +53,7 @@ class JobSpec:
     on_gpu: bool = True  # False on a CPU: no CUDA contexts
     actor_entropy: bool = False  # entropy_coeff != 0: the update keeps an entropy graph too
     use_dynamic_bsz: bool = False
+    sync_bucket_bytes: int = 2048 << 20  # rollout.checkpoint_engine.update_weights_bucket_megabytes
     settings: Mapping[str, Setting] = field(default_factory=dict)
 
     @property
@@ -139,5 +140,6 @@ class JobSpec:
             on_gpu=on_gpu,
             actor_entropy=float(get("actor_rollout_ref.actor.entropy_coeff", 0) or 0) != 0,
             use_dynamic_bsz=bool(get("actor_rollout_ref.actor.use_dynamic_bsz", False)),
+            sync_bucket_bytes=int(get(K.SYNC_BUCKET_MB, 2048)) << 20,
             settings=settings,
         )

@@ -18,6 +18,7 @@ CRITIC_GC = "critic.model.enable_gradient_checkpointing"
 ROLLOUT_BATCH = "actor_rollout_ref.rollout.engine_kwargs.hf.max_batch_size"
 ROLLOUT_TOKENS = "actor_rollout_ref.rollout.engine_kwargs.hf.max_batch_tokens"
 GPU_UTIL = "actor_rollout_ref.rollout.gpu_memory_utilization"
+SYNC_BUCKET_MB = "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes"  # read, not planned
 
 MICRO_KEYS = (ACTOR_MICRO, LOGPROB_MICRO, REF_MICRO, CRITIC_MICRO, CRITIC_FWD_MICRO)
 OFFLOAD_KEYS = (ACTOR_PARAM_OFFLOAD, ACTOR_OPTIM_OFFLOAD, CRITIC_PARAM_OFFLOAD, CRITIC_OPTIM_OFFLOAD)

@@ -87,7 +87,15 @@ class MemoryPlan:
 
     @property
     def shares(self) -> dict[str, int]:
-        return {"trainer": self.estimate.share("trainer"), "rollout": self.estimate.share("rollout")}
+        """The per-process caps of a simulated card. The rollout gets its share; the trainer, where the estimate's
+        errors live (verl's phases, the allocator), also gets what the plan leaves free and half the headroom, so
+        an underestimate there costs headroom rather than the job, and the card's sum still stays below it."""
+        e = self.estimate
+        rollout = e.share("rollout")
+        trainer = e.share("trainer")
+        if e.on_gpu and e.fits:
+            trainer = self.job.card_bytes - rollout - e.contexts - e.headroom // 2
+        return {"trainer": trainer, "rollout": rollout}
 
     def value(self, key: str) -> Any:
         if key == K.ROLLOUT_TOKENS:
@@ -128,6 +136,12 @@ class MemoryPlan:
             f"{FRAGMENTATION:.0%} allocator slack) + rollout share {gib(e.share('rollout'))} + CUDA contexts "
             f"{gib(e.contexts)} + headroom {gib(e.headroom)} ({HEADROOM:.0%}); free {gib(-e.overflow)}"
         )
+        if e.on_gpu and e.fits:
+            caps = self.shares
+            lines.append(
+                f"simulated-card caps: trainer {gib(caps['trainer'])} (its share + the free memory + half the "
+                f"headroom), rollout {gib(caps['rollout'])}"
+            )
         total = sum(self.seconds.values())
         lines.append(
             "estimated step (ranking only) "

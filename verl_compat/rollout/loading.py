@@ -53,11 +53,8 @@ def load_causal_lm(
             from transformers import AutoConfig
 
             config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
-        # Building on the target device skips a host copy; random init is cheap next to a checkpoint read.
-        with device:
-            model = AutoModelForCausalLM.from_config(
-                config, dtype=dtype, attn_implementation=attn_implementation, trust_remote_code=trust_remote_code
-            )
+        kwargs = dict(dtype=dtype, attn_implementation=attn_implementation, trust_remote_code=trust_remote_code)
+        model = _build_random(config, device, kwargs)
     else:
         model = AutoModelForCausalLM.from_pretrained(
             source, dtype=dtype, attn_implementation=attn_implementation, trust_remote_code=trust_remote_code
@@ -72,6 +69,45 @@ def load_causal_lm(
         device,
         " (dummy weights)" if dummy else "",
     )
+    return model
+
+
+def _build_random(config: PretrainedConfig, device: torch.device, kwargs: dict) -> PreTrainedModel:
+    """Random weights built on ``device`` with each tied parameter allocated once. Built there directly,
+    transformers creates ``lm_head`` untied and ties it afterwards, so the device briefly holds a second
+    vocab x hidden matrix (545 MB for Qwen2.5-0.5B in fp32): more than a tight memory share allows. So the model is
+    built on the meta device, every distinct parameter and buffer is given device memory once, and the model's own
+    ``_init_weights`` fills them (it also recomputes RoPE's buffers). Every tensor starts as NaN, so one the init
+    leaves unset shows; such a model (or one with integer buffers, which NaN cannot mark) is built the plain way."""
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, **kwargs)
+    if device.type == "meta":
+        return model
+    if any(not b.is_floating_point() for b in model.buffers()):
+        with device:
+            return AutoModelForCausalLM.from_config(config, **kwargs)
+    made: dict[int, torch.Tensor] = {}
+    for module in model.modules():
+        for table in (module._parameters, module._buffers):  # noqa: SLF001 - re-homing tensors in place
+            for name, tensor in list(table.items()):
+                if tensor is None:
+                    continue
+                if id(tensor) not in made:
+                    fresh = torch.full_like(tensor, float("nan"), device=device)
+                    if isinstance(tensor, torch.nn.Parameter):
+                        fresh = torch.nn.Parameter(fresh, requires_grad=tensor.requires_grad)
+                    made[id(tensor)] = fresh
+                table[name] = made[id(tensor)]
+    init = getattr(model, "_init_weights", None)
+    with torch.no_grad():
+        for module in model.modules() if callable(init) else ():
+            init(module)
+    untouched = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.isnan().any()]
+    if not callable(init) or untouched:
+        logger.info("rollout model: %s not set by _init_weights; building on %s directly", untouched[:3], device)
+        del model, made
+        with device:
+            return AutoModelForCausalLM.from_config(config, **kwargs)
     return model
 
 

@@ -76,6 +76,7 @@ class SyncReport:
     bucket_bytes: int = 0
     seconds: float = 0.0
     received: Any = None  # what the receiver's finish() returned
+    sender_allocated_after: int | None = None  # CUDA bytes the trainer still holds once the buckets are freed
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -194,6 +195,7 @@ class BucketSender:
                 bucket.close()
             if report is not None and report.transport == CUDA_IPC:
                 torch.cuda.ipc_collect()  # the server dropped its mappings; free our blocks now, not later
+                report.sender_allocated_after = torch.cuda.memory_allocated()
         report.seconds = time.perf_counter() - start
         return report
 
