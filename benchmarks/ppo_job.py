@@ -321,6 +321,7 @@ SUMMARY_KEYS = (
     "perf/total_num_tokens",
     "perf/throughput",
     "perf/max_memory_allocated_gb",
+    "perf/max_memory_reserved_gb",
     "training/rollout_probs_diff_max",
 )
 

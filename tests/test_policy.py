@@ -40,9 +40,9 @@ def test_p40_writes_the_fp32_sdpa_hf_policy() -> None:
         assert sel(config, f"{fsdp}.use_torch_compile") is False
         assert sel(config, f"{fsdp}.model_dtype") == "fp32"
     for model in MODELS:
-        assert sel(config, f"{model}.override_config.attn_implementation") == "sdpa"
-        assert sel(config, f"{model}.use_remove_padding") is False
-    assert sel(config, "actor_rollout_ref.actor.use_remove_padding") is False  # interpolated from the model
+        assert sel(config, f"{model}.override_config.attn_implementation") == "sdpa_varlen"
+        assert sel(config, f"{model}.use_remove_padding") is True  # packed through torch's varlen kernel
+    assert sel(config, "actor_rollout_ref.actor.use_remove_padding") is True  # interpolated from the model
     assert sel(config, "actor_rollout_ref.rollout.name") == "hf"
     assert sel(config, "actor_rollout_ref.rollout.dtype") == "float32"
     assert sel(config, "actor_rollout_ref.rollout.tensor_model_parallel_size") == 1

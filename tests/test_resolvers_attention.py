@@ -19,12 +19,11 @@ def attn(profile, value: str = "flash_attention_2", requested: bool = False):
 
 
 @pytest.mark.parametrize("name", ["p40", "p100", "v100", "t4", "gtx1660", "cpu"])
-def test_pre_ampere_default_to_sdpa_and_cpu_to_sdpa_varlen(name: str) -> None:
+def test_pre_ampere_and_cpu_default_to_packed_sdpa_varlen(name: str) -> None:
     decision = attn(name)
-    # sdpa_varlen's packed path is verified on CPU; on a GPU it waits for the whole-model CUDA check
-    assert decision.value == ("sdpa_varlen" if name == "cpu" else "sdpa")
+    assert decision.value == "sdpa_varlen"
     varlen = next(c for c in decision.candidates if c.value == "sdpa_varlen")
-    assert varlen.accepted == (name == "cpu")
+    assert varlen.accepted
     fa2 = next(c for c in decision.candidates if c.value == "flash_attention_2")
     assert not fa2.accepted
 

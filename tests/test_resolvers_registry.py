@@ -40,8 +40,7 @@ def test_soft_only_options_are_a_last_resort() -> None:
 def test_explain_lists_every_candidate() -> None:
     req = Request("attention", KEY, "flash_attention_2", False, "flash_attention_2")
     text = attention.resolve_attention(req, get_profile("p40")).explain()
-    assert "attention = 'sdpa' (default" in text
+    assert "attention = 'sdpa_varlen' (default" in text
     assert "- 'flash_attention_2': cc_too_old: flash-attn 2 needs compute capability >= 8.0, device has 6.1" in text
-    assert "+ 'sdpa'" in text
-    assert "- 'sdpa_varlen': unverified_on_gpu:" in text  # soft: kept when asked for, not a default on a GPU
+    assert "+ 'sdpa_varlen'" in text and "+ 'sdpa'" in text
     assert "upstream verl would use 'flash_attention_2'" in text

@@ -47,9 +47,9 @@ class ModelConfig:
 
 def test_attn_impl(device) -> None:
     device("p40")
-    assert seams.attn_impl("flash_attention_2") == "sdpa"
+    assert seams.attn_impl("flash_attention_2") == "sdpa_varlen"
     assert seams.attn_impl("flash_attention_2", HFConfig("eager")) == "eager"  # the user's critic override
-    assert seams.attn_impl("flash_attention_2", HFConfig("flash_attention_2")) == "sdpa"
+    assert seams.attn_impl("flash_attention_2", HFConfig("flash_attention_2")) == "sdpa_varlen"
     device("a100")
     assert seams.attn_impl("flash_attention_2", HFConfig("sdpa")) == "flash_attention_2"  # upstream hard-codes it
 
@@ -113,7 +113,7 @@ def test_resolve_model_config(device) -> None:
     )
     out = seams.resolve_model_config(mc)
     assert out is mc
-    assert mc.hf_config._attn_implementation == "sdpa"
+    assert mc.hf_config._attn_implementation == "sdpa_varlen"
     assert mc.use_liger is False and mc.use_fused_kernels is False
     assert mc.use_remove_padding is True  # the driver decides it; it runs everywhere
 
@@ -135,7 +135,7 @@ def test_hf_rollout_dtype_and_attn(device) -> None:
     assert seams.hf_rollout_dtype_and_attn(rc, ModelConfig(HFConfig("sdpa"))) == (torch.float32, "sdpa")
     assert seams.hf_rollout_dtype_and_attn({"dtype": "bfloat16"}, ModelConfig(HFConfig(None))) == (
         torch.float32,
-        "sdpa",
+        "sdpa_varlen",  # the trainer's default; unpacked rows (the rollout's) run plain SDPA through it
     )
     device(get_profile("a100").with_packages(flash_attn=PackageStatus("flash_attn", installed=False)))
     assert seams.hf_rollout_dtype_and_attn(rc.copy(), ModelConfig(HFConfig("flash_attention_2")))[1] == "sdpa"

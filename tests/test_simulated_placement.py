@@ -30,7 +30,7 @@ def test_p40_policy_on_the_cpu_platform(config):
     assert writes["trainer.device"] == "cpu"
     assert all(writes[k] == "fsdp2" for k in STRATEGIES)
     assert writes[MP]["param_dtype"] == "fp32"  # the card's policy, not the CPU's defaults by accident
-    assert writes["actor_rollout_ref.model.override_config.attn_implementation"] == "sdpa"
+    assert writes["actor_rollout_ref.model.override_config.attn_implementation"] == "sdpa_varlen"
     assert writes["actor_rollout_ref.rollout.name"] == "hf"
     assert decisions["platform.strategy"].device == "cpu" and "p40" in decisions["dtype.train"].device
 

@@ -25,16 +25,16 @@ def _fa3_reasons(ctx: Context) -> list[Reason]:
 
 
 def _varlen_reasons(ctx: Context) -> list[Reason]:
-    # Verified on CPU inside verl's FSDP engine (tests/test_packed_attention.py); on the H200 the kernel and a whole
-    # model match the padded path (benchmarks/packed_attention_cuda_check.py, 2026-12-01), but no PPO step inside
-    # verl's loop has run with it on a GPU yet: a default there after that run; asked for explicitly, it is kept.
-    if ctx.profile.is_cpu:
+    # Checked against the padded path on CPU inside verl's FSDP engine (tests/test_packed_attention.py), on the
+    # H200 per kernel and whole model in fp32/fp16 (benchmarks/packed_attention_cuda_check.py) and in verl's PPO
+    # loop under the P40 and T4 policies (benchmarks/p40_ppo_head_to_head.py). On sm_80+ flash-attn is upstream's
+    # packed path; without it the default stays upstream's padded fallback (SDPA), and asked for it is kept.
+    if ctx.profile.is_cpu or ctx.profile.compute_capability < (8, 0):
         return []
     return [
         soft(
-            "unverified_on_gpu",
-            f"{VARLEN}'s packed path has not yet run inside verl's training loop on a GPU "
-            "(its kernel and whole-model checks pass: benchmarks/packed_attention_cuda_check.py)",
+            "upstream_packs_with_flash_attn",
+            f"on sm_80+ upstream packs sequences with flash-attn; {VARLEN} is used there only when asked for",
         )
     ]
 
