@@ -37,6 +37,10 @@ FRAGMENTATION = 0.08  # caching-allocator overhead over the live peak, added to 
 # Qwen2.5-0.5B shape, micro-batches 2-16 x 512 tokens: benchmarks/train_microbatch_rate.py); the CPU count matched
 # within a few %. The CUDA kernels keep more (SDPA's saved statistics, cuBLAS and autograd work buffers).
 CUDA_TRAIN_ACTIVATIONS = 1.15
+# The hf rollout on CUDA beyond its weights, KV cache and prefill: decode graphs' memory pools, kernel workspaces
+# and the allocator's block rounding. Measured on the H200 under the P40 policy at batch 1: 286 MiB reserved above
+# the weights (benchmarks/results/p40_h200_ppo_in_loop.json, rollout_server_torch_reserved_mib).
+ROLLOUT_RUNTIME = 320 * 2**20
 HEADROOM = 0.05  # of the card, kept free beyond every estimate
 
 
@@ -188,7 +192,9 @@ def rollout_phases(job: JobSpec, c: Choice) -> list[Phase]:
         "rollout weights copy": a.lm_params * rb,
         "KV cache": kv + kv // max(1, a.layers),  # DynamicCache grows by concatenation: one layer twice
         "prefill / sampling work": max(prefill, sampling),
+        "decode graphs and workspaces": ROLLOUT_RUNTIME if job.on_gpu else 0,
     }
+    parts = {k: v for k, v in parts.items() if v}
     return [Phase("rollout", "generate", parts)]
 
 

@@ -102,7 +102,11 @@ def _build_random(config: PretrainedConfig, device: torch.device, kwargs: dict) 
     with torch.no_grad():
         for module in model.modules() if callable(init) else ():
             init(module)
-    untouched = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.isnan().any()]
+    # a NaN left anywhere makes the float32 sum NaN; a reduction needs no tensor-sized temporary (an isnan() mask
+    # of the embedding alone is 130 MiB, which a tight rollout share does not have)
+    untouched = [
+        n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.sum(dtype=torch.float32).isnan()
+    ]
     if not callable(init) or untouched:
         logger.info("rollout model: %s not set by _init_weights; building on %s directly", untouched[:3], device)
         del model, made
