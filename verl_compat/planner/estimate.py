@@ -12,7 +12,8 @@ Activation sizes per token (worst case: every sequence at prompt + response leng
   CPU this matched torch's MemTracker within a few % for a Qwen2 shape, see tests/test_planner_measured.py);
   with gradient checkpointing only each layer's input (h) is kept, plus one layer recomputed during backward;
 - log-prob phases: logits in the compute dtype plus fp32 work buffers of the vocabulary width (log-softmax
-  rows; the softmax of the entropy verl computes with old log-probs), or one layer's MLP intermediates if larger;
+  rows; the softmax of the entropy verl computes with old log-probs), or one layer's MLP intermediates if larger
+  (on CUDA more, as measured: see _forward_acts);
 - the update: logits, their gradient and two fp32 work rows of the vocabulary width per token (with
   checkpointing: the larger of that and one recomputed layer).
 """
@@ -81,9 +82,20 @@ def _train_acts(shape: ModelShape, tokens: int, b: int, gc: bool, lm_head: bool,
     return tokens * (shape.layers * per_layer + head)
 
 
-def _forward_acts(shape: ModelShape, tokens: int, b: int, lm_head: bool, entropy: bool) -> int:
+def _forward_acts(shape: ModelShape, tokens: int, b: int, lm_head: bool, entropy: bool, on_gpu: bool) -> int:
     body = shape.forward_transient_elems_per_token() * b
-    head = shape.vocab * (b + 4 + (4 if entropy else 0)) if lm_head else 0
+    head = 0
+    if lm_head:
+        # Bytes per vocabulary entry and token. On CUDA: the logits (plus an fp32 copy under 16-bit compute), two
+        # fp32 log-softmax work tensors, and for the entropy its softmax, their product and logsumexp's exponentials.
+        # Measured on the H200: a no-grad forward + log-softmax in fp32 kept 12 bytes (1.49x the CPU count;
+        # benchmarks/train_microbatch_rate.py); under the T4 policy (fp16) verl's old_log_prob with entropy needed
+        # >= 22 (its OOM: 1.55 GiB asked at 9.42 GiB allocated, 2,738 tokens; tests/test_planner_cuda_calibration.py).
+        if on_gpu:
+            per_entry = b + (4 if b < 4 else 0) + 8 + (12 if entropy else 0)
+        else:
+            per_entry = b + 4 + (4 if entropy else 0)
+        head = shape.vocab * per_entry
     return tokens * (2 * shape.hidden * b + max(body, head))
 
 
@@ -92,11 +104,11 @@ def phase_activations(job: JobSpec, phase: str, micro: int, c: Choice) -> int:
     tokens, a, crit = micro * job.seq_len, job.actor, job.critic
     train_margin = CUDA_TRAIN_ACTIVATIONS if job.on_gpu else 1.0
     if phase == "old_log_prob":
-        return _forward_acts(a, tokens, job.train_bytes, True, True)
+        return _forward_acts(a, tokens, job.train_bytes, True, True, job.on_gpu)
     if phase == "ref":
-        return _forward_acts(a, tokens, job.train_bytes, True, False)
+        return _forward_acts(a, tokens, job.train_bytes, True, False, job.on_gpu)
     if phase == "values":
-        return _forward_acts(crit, tokens, job.critic_train_bytes, False, False)
+        return _forward_acts(crit, tokens, job.critic_train_bytes, False, False, job.on_gpu)
     if phase == "update_critic":
         return int(train_margin * _train_acts(crit, tokens, job.critic_train_bytes, c.critic_gc, False, False))
     if phase == "update_actor":
