@@ -28,9 +28,8 @@ from verl_compat.planner.shape import ModelShape
 GIB = 2**30
 ADAM_STATES = 2  # exp_avg and exp_avg_sq, in the master dtype
 # Outside the caching allocator: CUDA context, loaded kernels, cuBLAS workspaces, NCCL buffers. Measured on the H200
-# (torch 2.11, CUDA 13; benchmarks/results/p40_h200_ppo_head_to_head.json's OOM reports: "this process has X in
-# use" minus what PyTorch reserved): trainer 1.21 GiB, rollout 0.60 GiB. Older cards load fewer kernel images, so
-# these are the high side there.
+# (torch 2.11, CUDA 13; benchmarks/results/h200_oom_reports.json: "this process has X in use" minus what PyTorch
+# reserved): trainer 1.21 GiB, rollout 0.60 GiB. Older cards load fewer kernel images, so these are the high side.
 CONTEXT_TRAINER = int(1.25 * GIB)
 CONTEXT_ROLLOUT = int(0.625 * GIB)
 FRAGMENTATION = 0.08  # caching-allocator overhead over the live peak, added to each process's share
@@ -90,7 +89,7 @@ def _forward_acts(shape: ModelShape, tokens: int, b: int, lm_head: bool, entropy
         # fp32 log-softmax work tensors, and for the entropy its softmax, their product and logsumexp's exponentials.
         # Measured on the H200: a no-grad forward + log-softmax in fp32 kept 12 bytes (1.49x the CPU count;
         # benchmarks/train_microbatch_rate.py); under the T4 policy (fp16) verl's old_log_prob with entropy needed
-        # >= 22 (its OOM: 1.55 GiB asked at 9.42 GiB allocated, 2,738 tokens; tests/test_planner_cuda_calibration.py).
+        # >= 22 (h200_oom_reports.json: 1.55 GiB asked at 9.42 GiB allocated, 2,738 tokens).
         if on_gpu:
             per_entry = b + (4 if b < 4 else 0) + 8 + (12 if entropy else 0)
         else:

@@ -27,7 +27,7 @@ def _fa3_reasons(ctx: Context) -> list[Reason]:
 def _varlen_reasons(ctx: Context) -> list[Reason]:
     # Checked against the padded path on CPU inside verl's FSDP engine (tests/test_packed_attention.py), on the
     # H200 per kernel and whole model in fp32/fp16 (benchmarks/packed_attention_cuda_check.py) and in verl's PPO
-    # loop under the P40 and T4 policies (benchmarks/p40_ppo_head_to_head.py). On sm_80+ flash-attn is upstream's
+    # loop under the P40 policy (benchmarks/p40_ppo_head_to_head.py, planned side). On sm_80+ flash-attn is upstream's
     # packed path; without it the default stays upstream's padded fallback (SDPA), and asked for it is kept.
     if ctx.profile.is_cpu or ctx.profile.compute_capability < (8, 0):
         return []
