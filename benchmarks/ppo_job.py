@@ -404,7 +404,19 @@ def run_setting(
         },
         "log": str(work_dir / "job.log"),
         "startup_trace": startup_timeline(trace_path, t0) if trace else None,
+        "call_totals": call_totals(trace_path) if trace else None,
     }
+
+
+def call_totals(trace_path: Path) -> dict[str, dict[str, float]]:
+    """Per traced function: calls and summed seconds over the whole run (the steady-state entries of
+    startup_trace are per micro-batch; with VERL_COMPAT_TRACE_SYNC=1 their sums are GPU time)."""
+    totals: dict[str, dict[str, float]] = {}
+    for r in _read_jsonl(trace_path):
+        t = totals.setdefault(r["name"], {"calls": 0, "total_s": 0.0})
+        t["calls"] += 1
+        t["total_s"] = round(t["total_s"] + r["t1"] - r["t0"], 4)
+    return dict(sorted(totals.items(), key=lambda kv: -kv[1]["total_s"]))
 
 
 def startup_timeline(trace_path: Path, t0: float, min_s: float = 0.2) -> list[dict[str, Any]]:
@@ -453,15 +465,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--assets", type=Path, default=Path("/tmp/ppo-job-assets"))
     ap.add_argument("--work", type=Path, default=None)
     ap.add_argument("--out", type=Path, default=Path("ppo_job.json"))
+    ap.add_argument("--trace", action="store_true", help="benchmarks/startup_trace in every process (call_totals)")
     ap.add_argument("extra", nargs=argparse.REMAINDER, help="after --: more Hydra overrides")
     args = ap.parse_args(argv)
     assets = build_assets(args.assets, args.shape)
     work = args.work or Path(f"/tmp/ppo-job-{args.setting}")
     extra = [a for a in args.extra if a != "--"]
-    result = run_setting(args.setting, assets, args.steps, work, extra, gpus=args.gpus)
+    result = run_setting(args.setting, assets, args.steps, work, extra, gpus=args.gpus, trace=args.trace)
     args.out.write_text(json.dumps(result, indent=1, default=str))
     for key, value in result["summary"].items():
         print(f"{key:36} {value['median_after_first']}  {value['per_step']}")
+    for name, t in list((result["call_totals"] or {}).items())[:15]:
+        print(f"{t['total_s']:9.2f} s {int(t['calls']):6d} calls  {name}")
     print(f"returncode {result['returncode']}  steps {result['steps_completed']}  startup {result['startup_s']} s")
     return result["returncode"]
 

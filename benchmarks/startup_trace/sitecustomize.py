@@ -1,7 +1,9 @@
 """Start-up tracer for benchmarks/startup_profile.py: with VERL_COMPAT_STARTUP_TRACE=FILE and this folder on
 PYTHONPATH, every Python process of the job (driver, Ray's TaskRunner, workers, rollout server) appends one JSON
 line per call of the functions in WATCH (start, end, pid, process) as their modules are imported. Nothing of
-verl is edited; without the variable this file does nothing."""
+verl is edited; without the variable this file does nothing. The steady-state entries (engine forward/backward,
+log-probs, entropy, the model's forward) are per micro-batch; with VERL_COMPAT_TRACE_SYNC=1 each call waits for
+the GPU before and after, so their durations are the GPU's time (and the step is a little slower)."""
 
 import importlib.abc
 import importlib.util
@@ -11,7 +13,15 @@ import sys
 import time
 
 _PATH = os.environ.get("VERL_COMPAT_STARTUP_TRACE")
+_SYNC = os.environ.get("VERL_COMPAT_TRACE_SYNC") == "1"  # wait for the GPU around each call: durations, not launches
 _T0 = time.time()
+
+
+def _sync():
+    torch = sys.modules.get("torch")
+    if _SYNC and torch is not None and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
 
 WATCH = {
     "ray": ["init"],
@@ -38,7 +48,15 @@ WATCH = {
         "FSDPEngine.initialize",
         "FSDPEngine._build_module",
         "FSDPEngine._build_model_optimizer",
+        # steady state, per call (benchmarks/ppo_job.py sums them: call_totals)
+        "FSDPEngine.forward_backward_batch",
+        "FSDPEngine.optimizer_step",
+        "FSDPEngineWithLMHead.forward_step",
+        "FSDPEngineWithLMHead.prepare_model_inputs",
+        "FSDPEngineWithLMHead.prepare_model_outputs",
     ],
+    "verl.utils.torch_functional": ["logprobs_from_logits", "entropy_from_logits"],
+    "transformers.models.qwen2.modeling_qwen2": ["Qwen2ForCausalLM.forward", "Qwen2ForTokenClassification.forward"],
     "verl_compat.rollout.decode_graph": ["DecodeRunner._capture"],
     "verl.experimental.reward_loop.reward_loop": ["RewardLoopManager.__init__"],
     "verl.workers.rollout.llm_server": ["LLMServerManager.create"],
@@ -72,20 +90,24 @@ def _wrap(fn, name):
 
         @functools.wraps(fn)
         async def awrapped(*a, **k):
+            _sync()
             t0 = time.time()
             try:
                 return await fn(*a, **k)
             finally:
+                _sync()
                 _emit(name, t0, time.time())
 
         return awrapped
 
     @functools.wraps(fn)
     def wrapped(*a, **k):
+        _sync()
         t0 = time.time()
         try:
             return fn(*a, **k)
         finally:
+            _sync()
             _emit(name, t0, time.time())
 
     return wrapped

@@ -76,7 +76,8 @@ class SyncReport:
     bucket_bytes: int = 0
     seconds: float = 0.0
     received: Any = None  # what the receiver's finish() returned
-    sender_allocated_after: int | None = None  # CUDA bytes the trainer still holds once the buckets are freed
+    sender_allocated_before: int | None = None  # CUDA bytes the trainer held when the sync began
+    sender_allocated_after: int | None = None  # ... and still holds once the buckets are freed
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -167,6 +168,8 @@ class BucketSender:
                 if report is None:
                     report = SyncReport(transport=choose_transport(full))
                     report.bucket_bytes = self._bucket_size(full)
+                    if report.transport == CUDA_IPC:  # the first gathered tensor included
+                        report.sender_allocated_before = torch.cuda.memory_allocated()
                 nbytes = full.numel() * full.element_size()
                 report.tensors += 1
                 report.bytes += nbytes
