@@ -8,27 +8,19 @@ import json
 from pathlib import Path
 
 import pytest
+from planner_shapes import QWEN25
 
 from verl_compat.planner import estimate as E
 from verl_compat.planner.job import JobSpec
 from verl_compat.planner.shape import ModelShape
 
 RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
-QWEN25_05B = dict(
-    vocab_size=151936,
-    hidden_size=896,
-    intermediate_size=4864,
-    num_hidden_layers=24,
-    num_attention_heads=14,
-    num_key_value_heads=2,
-    tie_word_embeddings=True,
-)
 MIB = 2**20
 
 
 def _job(train_bytes: int, on_gpu: bool = True) -> JobSpec:
     return JobSpec(
-        actor=ModelShape.from_config(QWEN25_05B),
+        actor=ModelShape.from_config(QWEN25["0.5B"]),
         critic=None,
         need_ref=True,
         card_bytes=24 * 2**30,
