@@ -195,7 +195,8 @@ def build_assets(root: Path, shape: str = "qwen2.5-0.5b") -> Assets:
         code = f"import sys; sys.path.insert(0, {str(Path(__file__).resolve().parent)!r}); import ppo_job; "
         code += f"ppo_job.build_model(ppo_job.Path({str(model_dir)!r}), {shape!r})"
         subprocess.run([sys.executable, "-c", code], check=True)
-    model_dir = build_model(model_dir, shape)
+    else:
+        build_model(model_dir, shape)
     train, val = build_data(root / "gsm8k")
     return Assets(model_dir, train, val)
 
@@ -420,12 +421,14 @@ def call_totals(trace_path: Path) -> dict[str, dict[str, float]]:
 
 
 def startup_timeline(trace_path: Path, t0: float, min_s: float = 0.2) -> list[dict[str, Any]]:
-    """The tracer's calls of at least ``min_s``, in start order, in seconds from the job's launch."""
+    """The tracer's calls of at least ``min_s``, in start order, in seconds from the job's launch (``t0``);
+    ``proc`` numbers the processes in the order they first appear. startup_profile.py prints the same."""
     rows = sorted(_read_jsonl(trace_path), key=lambda r: r["t0"])
     procs: dict[int, int] = {}
     return [
         {
             "proc": procs.setdefault(r["pid"], len(procs)),
+            "pid": r["pid"],
             "name": r["name"],
             "start_s": round(r["t0"] - t0, 2),
             "dur_s": round(r["t1"] - r["t0"], 2),

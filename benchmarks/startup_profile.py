@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import ppo_job  # noqa: E402  (startup_timeline: the trace as a timeline, shared with the job benchmarks)
 
 
 def run(cmd: list[str], trace: Path, metrics: Path, timeout_s: float) -> tuple[int, float, float | None]:
@@ -48,25 +50,6 @@ def run(cmd: list[str], trace: Path, metrics: Path, timeout_s: float) -> tuple[i
         first_metrics = metrics.stat().st_mtime
     (trace.parent / "job.log").write_text("".join(log))
     return rc, t0, first_metrics
-
-
-def timeline(trace: Path, t0: float) -> list[dict]:
-    rows = [json.loads(line) for line in trace.read_text().splitlines() if line.strip()] if trace.is_file() else []
-    procs: dict[int, int] = {}
-    out = []
-    for r in sorted(rows, key=lambda r: r["t0"]):
-        label = procs.setdefault(r["pid"], len(procs))
-        out.append(
-            {
-                "proc": label,
-                "pid": r["pid"],
-                "name": r["name"],
-                "start_s": round(r["t0"] - t0, 2),
-                "dur_s": round(r["t1"] - r["t0"], 2),
-                "proc_start_s": round(r["proc_start"] - t0, 2),
-            }
-        )
-    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -101,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     trace, metrics = work / "trace.jsonl", work / "metrics.jsonl"
     rc, t0, first = run(cmd, trace, metrics, args.timeout_s)
-    events = timeline(trace, t0)
+    events = ppo_job.startup_timeline(trace, t0, min_s=0.0)
     fit = next((e for e in events if e["name"].endswith("PPOTrainer.fit")), None)
     report = {
         "cmd": cmd,

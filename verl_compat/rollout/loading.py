@@ -79,13 +79,17 @@ def _build_random(config: PretrainedConfig, device: torch.device, kwargs: dict) 
     built on the meta device, every distinct parameter and buffer is given device memory once, and the model's own
     ``_init_weights`` fills them (it also recomputes RoPE's buffers). Every tensor starts as NaN, so one the init
     leaves unset shows; such a model (or one with integer buffers, which NaN cannot mark) is built the plain way."""
+
+    def plain() -> PreTrainedModel:
+        with device:
+            return AutoModelForCausalLM.from_config(config, **kwargs)
+
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, **kwargs)
     if device.type == "meta":
         return model
     if any(not b.is_floating_point() for b in model.buffers()):
-        with device:
-            return AutoModelForCausalLM.from_config(config, **kwargs)
+        return plain()
     made: dict[int, torch.Tensor] = {}
     for module in model.modules():
         for table in (module._parameters, module._buffers):  # noqa: SLF001 - re-homing tensors in place
@@ -110,8 +114,7 @@ def _build_random(config: PretrainedConfig, device: torch.device, kwargs: dict) 
     if not callable(init) or untouched:
         logger.info("rollout model: %s not set by _init_weights; building on %s directly", untouched[:3], device)
         del model, made
-        with device:
-            return AutoModelForCausalLM.from_config(config, **kwargs)
+        return plain()
     return model
 
 
