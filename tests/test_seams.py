@@ -12,6 +12,7 @@ from omegaconf import OmegaConf, open_dict
 from verl_compat import seams
 from verl_compat.catalog import get_profile
 from verl_compat.errors import IncompatibleRequestError
+from verl_compat.logprobs import logprobs_blocked
 from verl_compat.profile import DeviceProfile, PackageStatus
 
 FP32 = {"param_dtype": "fp32", "reduce_dtype": "fp32", "buffer_dtype": "fp32"}
@@ -193,3 +194,24 @@ def test_resolve_config_reads_requests_from_hydra(device, hydra_cleanup, tmp_pat
     with pytest.raises(IncompatibleRequestError) as e:
         seams.resolve_config(cfg)
     assert e.value.key == "actor_rollout_ref.rollout.dtype" and "p40" in e.value.device
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [("p40", "blocked"), ("v100", "blocked"), ("t4", "blocked"), ("cpu", "rowwise"), ("a100", "rowwise")],
+)
+def test_logprobs_seam_blocks_on_old_gpus_and_keeps_upstream_on_sm80_and_cpu(device, name: str, expected: str) -> None:
+    device(name)
+    from verl.utils import torch_functional as verl_F
+
+    chosen = seams.logprobs_fallback(verl_F.logprobs_from_logits_v2)
+    assert chosen is (verl_F.logprobs_from_logits_v2 if expected == "rowwise" else logprobs_blocked)
+
+
+def test_verls_entry_point_uses_the_seam(device) -> None:
+    # without flash-attn, verl's logprobs_from_logits goes through the seam (a P40 gets the blocks)
+    from verl.utils import torch_functional as verl_F
+
+    device("p40")
+    logits, labels = torch.randn(9, 300), torch.randint(0, 300, (9,))
+    assert torch.equal(verl_F.logprobs_from_logits(logits, labels), logprobs_blocked(logits, labels))

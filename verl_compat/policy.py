@@ -225,6 +225,9 @@ def _kernels(plan: _Plan) -> None:
             plan.registry,
         ),
     )
+    # no config key sets it: a defaulted request with upstream's value (the worker seam asks the same)
+    logprobs_request = Request("kernels.logprobs", kernels.LOGPROBS_KEY, "rowwise", False, "rowwise")
+    plan.add("kernels.logprobs", kernels.resolve_logprobs(logprobs_request, p, plan.registry))
     for role, model in MODEL_ROLES.items():
         use_key, backend_key = f"{model}.use_fused_kernels", f"{model}.fused_kernel_options.impl_backend"
         on = bool(_get(plan.config, use_key))

@@ -187,6 +187,16 @@ def flash_ce(available: bool) -> bool:
     return bool(available) and use_triton()
 
 
+def logprobs_fallback(upstream: Callable[..., Any]) -> Callable[..., Any]:
+    """torch_functional.py:110: the torch log-prob function verl uses without flash-attn's cross-entropy.
+    Upstream's per-token loop (`upstream`) on sm_80+; elsewhere the same values computed per block of tokens."""
+    from verl_compat.logprobs import logprobs_blocked
+
+    key = kernels.LOGPROBS_KEY
+    chosen = _resolve(kernels.resolve_logprobs, "kernels.logprobs", key, "rowwise", "rowwise", settled=False)
+    return upstream if chosen == "rowwise" else logprobs_blocked
+
+
 def use_triton() -> bool:
     """Guard for verl's own Triton kernels (flash-attn cross-entropy): upstream's True on sm_80+, False elsewhere
     (the torch fallback is exact; Triton below 8.0 is unofficial). No config key sets it: a defaulted request."""

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from verl_compat.logprobs import BLOCK_BYTES as LOGPROB_BLOCK_BYTES
 from verl_compat.planner.job import JobSpec
 from verl_compat.planner.shape import ModelShape
 
@@ -102,16 +103,17 @@ def phase_activations(job: JobSpec, phase: str, micro: int, c: Choice) -> int:
     """Activation bytes of one trainer phase at `micro` sequences per micro-batch."""
     tokens, a, crit = micro * job.seq_len, job.actor, job.critic
     train_margin = CUDA_TRAIN_ACTIVATIONS if job.on_gpu else 1.0
+    block = LOGPROB_BLOCK_BYTES if job.on_gpu else 0  # the log-prob block's transient (CPU keeps upstream's rows)
     if phase == "old_log_prob":
-        return _forward_acts(a, tokens, job.train_bytes, True, True, job.on_gpu)
+        return _forward_acts(a, tokens, job.train_bytes, True, True, job.on_gpu) + block
     if phase == "ref":
-        return _forward_acts(a, tokens, job.train_bytes, True, False, job.on_gpu)
+        return _forward_acts(a, tokens, job.train_bytes, True, False, job.on_gpu) + block
     if phase == "values":
         return _forward_acts(crit, tokens, job.critic_train_bytes, False, False, job.on_gpu)
     if phase == "update_critic":
         return int(train_margin * _train_acts(crit, tokens, job.critic_train_bytes, c.critic_gc, False, False))
     if phase == "update_actor":
-        return int(train_margin * _train_acts(a, tokens, job.train_bytes, c.actor_gc, True, job.actor_entropy))
+        return int(train_margin * _train_acts(a, tokens, job.train_bytes, c.actor_gc, True, job.actor_entropy)) + block
     return 0
 
 

@@ -1,5 +1,5 @@
 """Kernel resolvers: torch.compile of the entropy, Triton kernels, verl's fused kernels, flash-attn's Triton
-cross-entropy, Liger.
+cross-entropy, the torch log-prob fallback, Liger.
 
 Inductor (torch.compile on CUDA) generates Triton, which compiles for cc >= 7.0 and is officially supported from
 8.0 (Volta hits "mma -> mma layout conversion is only supported on Ampere"). So: off below 7.0 whatever the user
@@ -75,6 +75,32 @@ FLASH_CE_OPTIONS: tuple[Option, ...] = (
 def resolve_flash_ce(request: Request, profile: DeviceProfile, registry: Registry | None = None) -> Decision:
     """Whether verl's logprobs_from_logits uses flash-attn's Triton cross-entropy; fact: triton (bool)."""
     return choose(request, profile, FLASH_CE_OPTIONS, registry=registry)
+
+
+# verl's torch log-prob path (where the flash-attn cross-entropy is not used): upstream loops over tokens.
+def _blocked_reasons(ctx: Context) -> list[Reason]:
+    if ctx.profile.is_cpu:
+        return [soft("cpu_row_in_cache", "on CPU upstream's per-token loop works in cache and measured faster")]
+    return []
+
+
+LOGPROBS_OPTIONS: tuple[Option, ...] = (
+    Option(
+        "blocked",
+        _blocked_reasons,
+        why="torch log-softmax per block of tokens: one kernel per block, bounded memory (verl_compat.logprobs)",
+        priority=10,
+    ),
+    Option("rowwise", why="one logsumexp kernel per token (upstream verl's logprobs_from_logits_v2)", priority=20),
+)
+
+
+LOGPROBS_KEY = "verl's torch log-prob fallback (torch_functional.logprobs_from_logits_v2)"
+
+
+def resolve_logprobs(request: Request, profile: DeviceProfile, registry: Registry | None = None) -> Decision:
+    """Which torch log-prob implementation verl's logprobs_from_logits falls back to; upstream: 'rowwise'."""
+    return choose(request, profile, LOGPROBS_OPTIONS, registry=registry)
 
 
 def _liger_reasons(ctx: Context) -> list[Reason]:
