@@ -74,6 +74,8 @@ def test_train_two_steps_then_resume(algo, tmp_path_factory):
         detail = f"step 2: timing_s/gen {gen:.2f}s, engine {batch['engine_span_s']:.2f}s, end of sampling +{lag:.2f}s"
         assert polls and max(polls) < 1.0, f"replay buffer slept {max(polls, default=None)}s per poll; {detail}"
         assert lag < 1.0, detail
+        # the engine's own account of the span: every request admitted, some decode steps run
+        assert batch["admission_rounds"] >= 1 and batch["decode_steps"] > 0 and batch["allocations"] >= 1, batch
     ckpt = out / algo
     assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
     assert any((ckpt / "global_step_2" / "actor").iterdir())

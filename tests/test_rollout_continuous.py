@@ -245,3 +245,23 @@ def test_cache_grows_mid_run_for_requests_that_arrive_later():
     assert all(admit(engine, f"later{i}")[0] < finish_step(engine, "first") for i in range(3))
     expected = [reference(model, PROMPTS[0], 100)] + [reference(model, PROMPTS[1 + i], LATER[i]) for i in range(3)]
     assert [r.token_ids for r in results] == expected
+
+
+def test_first_batch_waits_for_a_burst_that_is_still_arriving():
+    """Requests 30 ms apart with a 50 ms window: one window would batch the first two and leave the third to
+    join later (a cache growth and its graphs, a prefill inside the decode); the window extends while requests
+    keep arriving, so all three start together. Asserted on the batch log and the scheduler's counters."""
+    engine = engine_for(tiny_llama(), batch_window_s=0.05)
+
+    async def staggered():
+        tasks = []
+        for i in range(3):
+            tasks.append(asyncio.create_task(engine.generate(PROMPTS[i], full(4), f"r{i}")))
+            await asyncio.sleep(0.03)
+        return await asyncio.gather(*tasks)
+
+    asyncio.run(staggered())
+    assert engine.batch_log == [("r0", "r1", "r2")]
+    counters = engine.scheduler.counters()
+    assert counters["admission_rounds"] == 1 and counters["allocations"] == 1 and counters["decode_steps"] >= 3
+    assert counters["captures"] == 0  # CPU: eager decode, no graphs

@@ -13,6 +13,7 @@ drops the graphs when they changed.
 from __future__ import annotations
 
 import logging
+import time
 
 import torch
 
@@ -49,6 +50,7 @@ class DecodeRunner:
         self._pool = None
         self._weights_key = self._param_key()
         self.captures = 0  # graphs captured so far (benchmarks and tests read it)
+        self.capture_s = 0.0  # wall time of those captures (warm-up steps included)
 
     def _param_key(self) -> tuple[int, ...]:
         return tuple(p.data_ptr() for p in self.model.parameters())
@@ -94,6 +96,7 @@ class DecodeRunner:
         graph.replay()
 
     def _capture(self, b: int, mode: str) -> torch.cuda.CUDAGraph:
+        t0 = time.perf_counter()
         snap = self.state.snapshot(b)
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
@@ -111,5 +114,6 @@ class DecodeRunner:
         self.state.restore(snap)  # the warm-up steps ran for real; capturing did not
         self._graphs[(b, mode)] = graph
         self.captures += 1
+        self.capture_s += time.perf_counter() - t0
         logger.debug("captured a decode graph for batch %d, mode %s", b, mode)
         return graph

@@ -32,6 +32,8 @@ from verl_compat.rollout.weights import WeightLoader
 
 logger = logging.getLogger("verl_compat.rollout.engine")
 
+# The first batch waits at most this many batch windows for a burst of requests to stop growing (engine._settle).
+SETTLE_WINDOWS = 20
 ENGINE_DESCRIPTION = "the hf rollout engine (transformers models, static KV cache)"
 
 
@@ -282,10 +284,23 @@ class HFGenerationEngine:
         while True:
             await self._wakeup.wait()
             self._wakeup.clear()
-            # Let requests submitted in the same loop iteration (asyncio.gather, a burst of Ray calls) land.
-            await asyncio.sleep(self.batch_window_s)
+            await self._settle()
             if self._pending:
                 await self._serve()
+
+    async def _settle(self) -> None:
+        """Let a burst of requests land before the first batch (asyncio.gather, a step's Ray calls from several
+        agent-loop workers): wait one window, and another while requests are still arriving, up to
+        SETTLE_WINDOWS. A first batch of one that the rest join later costs a cache growth and graph captures
+        per power of two, and their prefills interrupt the decode."""
+        if self.batch_window_s <= 0:
+            return
+        seen = -1
+        for _ in range(SETTLE_WINDOWS):
+            if len(self._pending) == seen:
+                return
+            seen = len(self._pending)
+            await asyncio.sleep(self.batch_window_s)
 
     async def _serve(self) -> None:
         loop = self._loop

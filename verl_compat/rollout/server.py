@@ -207,6 +207,8 @@ class HFServer:
         loop = asyncio.get_running_loop()
         self._span.setdefault("start", loop.time())
         self._span.setdefault("first_request_time", time.time())
+        self._span.setdefault("counters", self.engine.scheduler.counters())
+        self._span["last_request_time"] = time.time()
         result = await self.engine.generate(prompt, params, request_id)
         self._span["end"], self._span["last_result_time"] = loop.time(), time.time()
         self._span["requests"] = self._span.get("requests", 0) + 1
@@ -273,8 +275,11 @@ class HFServer:
                 tokens=span["tokens"],
                 engine_span_s=span["end"] - span["start"],
                 first_request_time=span["first_request_time"],
+                last_request_time=span["last_request_time"],
                 last_result_time=span["last_result_time"],
                 global_steps=self.global_steps,
+                # the engine's own work in the span: decode steps, batches formed, cache builds, graph captures
+                **{k: v - span["counters"][k] for k, v in self.engine.scheduler.counters().items()},
             )
 
     def _skip_memory_ops(self) -> bool:
