@@ -204,6 +204,14 @@ def use_triton() -> bool:
     return bool(_resolve(kernels.resolve_triton, "kernels.triton", key, True, True, settled=False))
 
 
+# Data -----------------------------------------------------------------------------------------------------------
+def keep_short_prompts(dataframe: Any, doc2len: Callable[[Any], int], max_len: int, *, num_proc: int, desc: str):
+    """rl_dataset.py:266: verl's overlong-prompt filter, same rows kept (verl_compat.data.prompt_filter)."""
+    from verl_compat.data.prompt_filter import keep_short_prompts as keep
+
+    return keep(dataframe, doc2len, max_len, num_proc, desc)
+
+
 # Worker-side model config -------------------------------------------------------------------------------------
 def resolve_model_config(model_config: Any) -> Any:
     """Worker seam for HFModelConfig (engine_workers.py:94): values that cannot run here are replaced by the
