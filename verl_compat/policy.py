@@ -287,8 +287,6 @@ def _memory(plan: _Plan) -> None:
     util = plan.request("memory.gpu_memory_utilization", [f"{ROLLOUT}.gpu_memory_utilization"], 0.5, {"engine": engine})
     plan.add("memory.gpu_memory_utilization", memory.resolve_gpu_memory_utilization(util, p))
     # offload, gradient checkpointing, micro-batches and the rollout batch: the memory planner
-    reshard = Request("memory.reshard_after_eval", memory.RESHARD_KEY, False, False, False)
-    plan.add("memory.reshard_after_eval", memory.resolve_reshard_after_eval(reshard, p, plan.registry))
     planned, writes = memory.resolve_plan(plan.config, p, plan.requested.__contains__, plan.decisions)
     plan.decisions.update(planned)
     plan.writes.update(writes)

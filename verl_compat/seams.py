@@ -20,7 +20,7 @@ from verl_compat import config_keys as keys
 from verl_compat.decision import Decision
 from verl_compat.packed import register_if_used
 from verl_compat.profile import DeviceProfile
-from verl_compat.resolvers import attention, dtype, kernels, memory, rollout_engine
+from verl_compat.resolvers import attention, dtype, kernels, rollout_engine
 from verl_compat.resolvers.registry import Request
 
 log = logging.getLogger("verl_compat.seams")
@@ -202,20 +202,6 @@ def use_triton() -> bool:
     (the torch fallback is exact; Triton below 8.0 is unofficial). No config key sets it: a defaulted request."""
     key = "VERL_DISABLE_FLASH_ATTN_CE (verl's Triton kernels)"
     return bool(_resolve(kernels.resolve_triton, "kernels.triton", key, True, True, settled=False))
-
-
-# Memory ---------------------------------------------------------------------------------------------------------
-def release_gathered_params(module: Any) -> None:
-    """transformer_impl.py:1124 (the eval context's exit): reshard every FSDP2 unit of ``module`` where the
-    device's policy says so (verl_compat.resolvers.memory.resolve_reshard_after_eval); a no-op on sm_80+."""
-    key = memory.RESHARD_KEY
-    if not _resolve(memory.resolve_reshard_after_eval, "memory.reshard_after_eval", key, False, False, settled=False):
-        return
-    from torch.distributed.fsdp import FSDPModule
-
-    for unit in module.modules():
-        if isinstance(unit, FSDPModule):
-            unit.reshard()
 
 
 # Data -----------------------------------------------------------------------------------------------------------
