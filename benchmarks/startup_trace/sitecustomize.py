@@ -69,6 +69,59 @@ WATCH = {
 }
 
 
+# VERL_COMPAT_MEMORY_SNAPSHOT=FILE: the trainer records CUDA allocations from its first engine build on and, after
+# its second weight sync (global step 1, after one full training step), writes which code allocated the blocks it
+# still holds (grouped by allocation stack) to FILE: what stays resident between phases, by owner.
+_SNAPSHOT = os.environ.get("VERL_COMPAT_MEMORY_SNAPSHOT")
+_SYNCS = {"n": 0}
+
+
+def _record_history():
+    torch = sys.modules.get("torch")
+    if _SNAPSHOT and torch is not None and torch.cuda.is_available() and not _SYNCS.get("recording"):
+        torch.cuda.memory._record_memory_history(enabled="all", stacks="python", max_entries=200000)
+        _SYNCS["recording"] = True
+
+
+def _dump_resident():
+    import collections
+
+    torch = sys.modules["torch"]
+    groups = collections.defaultdict(lambda: [0, 0])
+    for seg in torch.cuda.memory._snapshot()["segments"]:
+        for block in seg["blocks"]:
+            if block["state"] != "active_allocated":
+                continue
+            frames = [f for f in block.get("frames", []) if "/torch/" not in f["filename"]][:6]
+            key = " <- ".join(f"{f['filename'].rsplit('/', 2)[-1]}:{f['line']}:{f['name']}" for f in frames)
+            groups[key or "(no python frame)"][0] += block["size"]
+            groups[key or "(no python frame)"][1] += 1
+    top = sorted(groups.items(), key=lambda kv: -kv[1][0])[:25]
+    out = {
+        "pid": os.getpid(),
+        "allocated": torch.cuda.memory_allocated(),
+        "groups": [{"bytes": b, "blocks": n, "stack": k} for k, (b, n) in top],
+    }
+    with open(_SNAPSHOT, "w") as f:
+        json.dump(out, f, indent=1)
+
+
+def _after(name):
+    if _SNAPSHOT and name.endswith("ActorRolloutRefWorker.update_weights"):
+        _SYNCS["n"] += 1
+        if _SYNCS["n"] == 2:
+            try:
+                _dump_resident()
+            except Exception as exc:  # noqa: BLE001 - a diagnostic must not end the job
+                with open(_SNAPSHOT, "w") as f:
+                    json.dump({"error": repr(exc)}, f)
+
+
+def _before(name):
+    if _SNAPSHOT and name.endswith("FSDPEngine.initialize"):
+        _record_history()
+
+
 def _emit(name, t0, t1):
     rec = {
         "pid": os.getpid(),
@@ -90,6 +143,7 @@ def _wrap(fn, name):
 
         @functools.wraps(fn)
         async def awrapped(*a, **k):
+            _before(name)
             _sync()
             t0 = time.time()
             try:
@@ -97,11 +151,13 @@ def _wrap(fn, name):
             finally:
                 _sync()
                 _emit(name, t0, time.time())
+                _after(name)
 
         return awrapped
 
     @functools.wraps(fn)
     def wrapped(*a, **k):
+        _before(name)
         _sync()
         t0 = time.time()
         try:
@@ -109,6 +165,7 @@ def _wrap(fn, name):
         finally:
             _sync()
             _emit(name, t0, time.time())
+            _after(name)
 
     return wrapped
 
