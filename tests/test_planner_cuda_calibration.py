@@ -4,6 +4,7 @@ process that the OOM reports showed (h200_oom_reports.json)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -83,3 +84,24 @@ def test_cpu_estimate_is_uncalibrated():
     assert E.phase_activations(cpu, "old_log_prob", 8, _choice(8)) < E.phase_activations(
         gpu, "old_log_prob", 8, _choice(8)
     )
+
+
+def test_estimate_covers_the_p40_critic_update_oom_and_what_stayed_resident():
+    """The planned P40 critic update OOMed in AdamW's foreach sqrt at 16.41 GiB allocated (+58 MiB asked), with
+    the actor's weights and optimizer resident, its critic optimizer loaded and activations already freed. The
+    estimate of that moment (the phase without activations, plus the step's sqrt(exp_avg_sq)) must cover it, and
+    what the trainer held after a whole step (its memory snapshot) must be counted between phases."""
+    reports = json.loads((RESULTS / "h200_oom_reports.json").read_text())["reports"]
+    oom = next(r for r in reports if r["run"].startswith("p40 planned @4e574de"))
+    assert "_foreach_sqrt" in oom["last_frames"][-1] and "16.41 GiB is allocated" in oom["error"]
+    job = dataclasses.replace(_job(4), critic=ModelShape.from_config(QWEN25["0.5B"]))
+    that_plan = E.Choice(4, 4, 4, 16, 32, False, False, False, True, True, True, 32)
+    phase = next(p for p in E.trainer_phases(job, that_plan) if p.name == "update_critic")
+    at_step = phase.total - phase.parts["activations"] - phase.parts.get(E.STEP_EXTRA, 0)
+    at_step += E.optimizer_step_bytes(job, "update_critic")
+    assert at_step >= (16.41 * 2**30 + 58 * MIB)
+
+    snapshot = json.loads((RESULTS / "p40_h200_resident_after_step.json").read_text())
+    between = next(p for p in E.trainer_phases(job, that_plan) if p.name == "update_weights")
+    counted = between.total - between.parts["weight sync staging bucket"]  # the bucket is freed after the sync
+    assert counted >= snapshot["allocated"]

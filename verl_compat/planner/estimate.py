@@ -189,9 +189,40 @@ def trainer_phases(job: JobSpec, c: Choice) -> list[Phase]:
         p.parts["actor optimizer (resident)"] = pa * m * ADAM_STATES
     p.parts |= others("actor")
     phases.append(p)
+    held = _held_after_forward(job, c)
     for ph in phases:
+        if held:
+            ph.parts["actor parameters held after its forward (measured)"] = held
+        step = optimizer_step_bytes(job, ph.name)
+        ph.parts[STEP_EXTRA] = max(0, step - ph.parts.get("activations", 0))
         ph.parts = {k: v for k, v in ph.parts.items() if v}
     return phases
+
+
+STEP_EXTRA = "optimizer step's sqrt(exp_avg_sq) beyond the activations"
+
+
+def optimizer_step_bytes(job: JobSpec, phase: str) -> int:
+    """torch's multi-tensor AdamW (foreach, its default on CUDA) computes sqrt(exp_avg_sq) for every parameter at
+    once: one more model-size tensor at the step, when the activations are already freed, so an update phase
+    needs max(activations, this). The planned P40 critic update OOMed there (benchmarks/results/
+    h200_oom_reports.json, its last report)."""
+    if not job.on_gpu or phase not in ("update_actor", "update_critic"):
+        return 0
+    params = job.actor.lm_params if phase == "update_actor" else job.critic.value_params if job.critic else 0
+    return params // job.world * job.master_bytes
+
+
+def _held_after_forward(job: JobSpec, c: Choice) -> int:
+    """A one-GPU trainer whose actor parameters stay on the card keeps one more copy of them after its forward
+    passes, allocated layer by layer inside the Qwen2 forward and still held after a whole step (memory snapshot
+    of the planned P40 trainer: 24 decoder-layer blocks plus the root, 1.84 GiB for Qwen2.5-0.5B in fp32,
+    benchmarks/results/p40_h200_resident_after_step.json; resharding every FSDP unit after eval did not free it,
+    ..._all_units_resharded.json). The T4 plan, whose actor is offloaded, held none (its post-sync memory equals
+    the parts counted here). Cause not yet found; counted so plans fit."""
+    if not job.on_gpu or job.world != 1 or c.actor_param_offload:
+        return 0
+    return job.actor.lm_params * job.train_bytes
 
 
 def rollout_phases(job: JobSpec, c: Choice) -> list[Phase]:

@@ -23,9 +23,11 @@ from verl_compat.planner.estimate import (
     FRAGMENTATION,
     GIB,
     HEADROOM,
+    STEP_EXTRA,
     Choice,
     Estimate,
     estimate,
+    optimizer_step_bytes,
     phase_activations,
     rollout_phases,
     trainer_phases,
@@ -202,8 +204,11 @@ def _search(
         sized: dict[str, list[tuple[int, int]]] = {}
         for fld, phase in _MICRO_PHASE.items():
             ph = phases.get(phase)
-            fixed = ph.total - ph.parts.get("activations", 0) if ph else 0
-            sized[fld] = [(v, fixed + phase_activations(job, phase, v, base) if ph else 0) for v in opts[fld]]
+            fixed = ph.total - ph.parts.get("activations", 0) - ph.parts.get(STEP_EXTRA, 0) if ph else 0
+            step = optimizer_step_bytes(job, phase)
+            sized[fld] = [
+                (v, fixed + max(step, phase_activations(job, phase, v, base)) if ph else 0) for v in opts[fld]
+            ]
         penalty = sum(bool(v) for v in combo)
         for batch in opts["rollout_batch"]:
             choice = dataclasses.replace(base, rollout_batch=batch)
