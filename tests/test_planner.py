@@ -90,7 +90,8 @@ def test_small_models_fit_every_old_card_with_16_gb_or_more():
 def test_the_p40_ppo_job_batches_the_whole_rollout():
     plan = plan_job(_job("p40", "0.5B", "ppo_gae_kl_reward"), "p40")
     assert plan.choice.rollout_batch == 32  # one generate call for the step's 32 sequences
-    assert plan.choice.actor_micro >= 2 and plan.estimate.total <= get_profile("p40").total_memory_bytes
+    assert plan.estimate.total <= get_profile("p40").total_memory_bytes
+    assert not plan.choice.actor_param_offload  # a 22.4 GiB card keeps the 0.5B actor's weights on it
 
 
 def test_an_impossible_explicit_micro_batch_is_refused_with_the_overflow_and_a_fix_that_fits():
@@ -100,7 +101,7 @@ def test_an_impossible_explicit_micro_batch_is_refused_with_the_overflow_and_a_f
     msg = str(err.value)
     assert f"kept as set: {K.ACTOR_MICRO}=32" in msg and "update_actor" in msg
     over = float(re.search(r"([\d.]+) GiB more than the card", msg).group(1))
-    assert 1 < over < 40
+    assert 1 < over < 60
     fixed = int(re.search(rf"set {re.escape(K.ACTOR_MICRO)}=(\d+)", msg).group(1))
     assert fixed < 32
     assert plan_job(_job("p40", "0.5B", "ppo_gae_kl_reward", **{K.ACTOR_MICRO: fixed}), "p40").estimate.fits

@@ -192,7 +192,7 @@ def trainer_phases(job: JobSpec, c: Choice) -> list[Phase]:
     held = _held_after_forward(job, c)
     for ph in phases:
         if held:
-            ph.parts["actor parameters held after its forward (measured)"] = held
+            ph.parts["model copies held after forward passes (measured)"] = held
         step = optimizer_step_bytes(job, ph.name)
         ph.parts[STEP_EXTRA] = max(0, step - ph.parts.get("activations", 0))
         ph.parts = {k: v for k, v in ph.parts.items() if v}
@@ -214,15 +214,19 @@ def optimizer_step_bytes(job: JobSpec, phase: str) -> int:
 
 
 def _held_after_forward(job: JobSpec, c: Choice) -> int:
-    """A one-GPU trainer whose actor parameters stay on the card keeps one more copy of them after its forward
-    passes, allocated layer by layer inside the Qwen2 forward and still held after a whole step (memory snapshot
-    of the planned P40 trainer: 24 decoder-layer blocks plus the root, 1.84 GiB for Qwen2.5-0.5B in fp32,
-    benchmarks/results/p40_h200_resident_after_step.json; resharding every FSDP unit after eval did not free it,
-    ..._all_units_resharded.json). The T4 plan, whose actor is offloaded, held none (its post-sync memory equals
-    the parts counted here). Cause not yet found; counted so plans fit."""
-    if not job.on_gpu or job.world != 1 or c.actor_param_offload:
+    """Model-size copies a one-GPU trainer holds beyond the parts above, as measured after whole steps on the
+    H200 (trainer memory right after each weight sync, and a memory snapshot): the planned P40 trainer, actor and
+    critic resident, held one fp32 actor copy (24 decoder-layer blocks plus the root, allocated in the Qwen2
+    forward: benchmarks/results/p40_h200_resident_after_step.json; resharding every FSDP unit did not free it);
+    the P40 seed recipe, actor and critic offloaded in fp32, held two (+3.7 GiB); both T4 sides, offloaded under
+    fp16 compute, none. Counted: one copy of a resident actor, and under fp32 compute one per offloaded trained
+    model. Cause not yet found; counted so that plans fit."""
+    if not job.on_gpu or job.world != 1:
         return 0
-    return job.actor.lm_params * job.train_bytes
+    copies = 0 if c.actor_param_offload else 1
+    if job.train_bytes == 4:
+        copies += int(c.actor_param_offload) + int(job.critic is not None and c.critic_param_offload)
+    return copies * job.actor.lm_params * job.master_bytes
 
 
 def rollout_phases(job: JobSpec, c: Choice) -> list[Phase]:
