@@ -92,7 +92,10 @@ def _dump_resident():
         for block in seg["blocks"]:
             if block["state"] != "active_allocated":
                 continue
-            frames = [f for f in block.get("frames", []) if "/torch/" not in f["filename"]][:6]
+            # our and verl's frames, and FSDP's (whose all-gathers and copies own most trainer blocks)
+            frames = [
+                f for f in block.get("frames", []) if "/torch/" not in f["filename"] or "/fsdp/" in f["filename"]
+            ][:8]
             key = " <- ".join(f"{f['filename'].rsplit('/', 2)[-1]}:{f['line']}:{f['name']}" for f in frames)
             groups[key or "(no python frame)"][0] += block["size"]
             groups[key or "(no python frame)"][1] += 1
