@@ -35,7 +35,7 @@ def job_overrides(tmp_path_factory) -> list[str]:
 
 def _decide(profile: str, overrides: list[str]):
     config = compose_ppo_config(overrides)
-    requested = RequestedKeys(o.split("=", 1)[0] for o in overrides)
+    requested = RequestedKeys(o.split("=", 1)[0].lstrip("+") for o in overrides)
     return config, *decide(config, get_profile(profile), requested)
 
 
@@ -100,3 +100,32 @@ def test_shares_reach_the_simulated_cards_memory_caps(job_overrides, monkeypatch
     monkeypatch.setenv(SHARES_ENV, "not json")
     with pytest.raises(PlanError, match=SHARES_ENV):
         planned_share("trainer")
+
+
+ACTOR_OPT = "actor_rollout_ref.actor.optim.override_optimizer_config"
+CRITIC_OPT = "critic.optim.override_optimizer_config"
+
+
+@pytest.mark.parametrize(
+    ("profile", "fused"), [("p40", True), ("t4", False), ("v100", False), ("cpu", False), ("a100", False)]
+)
+def test_adamw_steps_with_the_fused_kernel_on_old_gpus_without_loss_scaling(job_overrides, profile: str, fused: bool):
+    """foreach AdamW's whole-model sqrt(exp_avg_sq) is what the planned P40 critic update OOMed in; on an fp32 GPU
+    the fused kernel (ATen CUDA, not Triton) steps in place, and the plan then counts no step temporary. Under
+    fp16 loss scaling (T4, V100) torch's default stays until the fused step is verified with verl's scaler."""
+    _, decisions, writes = _decide(profile, job_overrides)
+    expected = {"fused": True} if fused else None
+    assert writes.get(ACTOR_OPT) == expected and writes.get(CRITIC_OPT) == expected
+    assert decisions["memory.optimizer_step"].value == ("fused" if fused else "default")
+    if fused:
+        assert not any("sqrt(exp_avg_sq)" in r for r in decisions["memory.plan"].reasons)
+
+
+def test_the_users_optimizer_settings_are_kept(job_overrides):
+    _, decisions, writes = _decide("p40", [*job_overrides, f"+{ACTOR_OPT}.foreach=false"])
+    assert ACTOR_OPT not in writes and writes[CRITIC_OPT] == {"fused": True}
+    assert not decisions["memory.optimizer_step"].defaulted
+    # another optimizer than torch's AdamW: nothing written, the step's temporary is counted
+    torchao = "actor_rollout_ref.actor.optim.optimizer_impl=torchao.optim"
+    _, decisions, writes = _decide("p40", [*job_overrides, torchao])
+    assert ACTOR_OPT not in writes and decisions["memory.optimizer_step"].value == "default"

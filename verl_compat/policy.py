@@ -286,10 +286,42 @@ def _memory(plan: _Plan) -> None:
     p, engine = plan.profile, plan.decisions["rollout.engine"].value
     util = plan.request("memory.gpu_memory_utilization", [f"{ROLLOUT}.gpu_memory_utilization"], 0.5, {"engine": engine})
     plan.add("memory.gpu_memory_utilization", memory.resolve_gpu_memory_utilization(util, p))
+    _optimizer_step(plan)
     # offload, gradient checkpointing, micro-batches and the rollout batch: the memory planner
     planned, writes = memory.resolve_plan(plan.config, p, plan.requested.__contains__, plan.decisions)
     plan.decisions.update(planned)
     plan.writes.update(writes)
+
+
+def _optimizer_step(plan: _Plan) -> None:
+    """AdamW's implementation per trained role, written as optim.override_optimizer_config={fused: true} where
+    the user left that dict unset (a dict they set is theirs, whatever it holds)."""
+    from verl_compat.preflight import needs_critic
+
+    roles = [(ACTOR, "actor_rollout_ref.actor.optim", FSDP_ROLES[ACTOR][0])]
+    if needs_critic(plan.config):
+        roles.append((CRITIC, "critic.optim", FSDP_ROLES[CRITIC][0]))
+    for role, optim, fsdp in roles:
+        key = f"{optim}.override_optimizer_config"
+        facts = {
+            "optimizer": _get(plan.config, f"{optim}.optimizer"),
+            "optimizer_impl": _get(plan.config, f"{optim}.optimizer_impl"),
+            "offload_policy": bool(_get(plan.config, f"{fsdp}.offload_policy")),
+            "loss_scaling": _train_dtype(plan, role) in ("fp16", "float16"),
+        }
+        asked = plan.requested.any([key, f"{key}.fused", f"{key}.foreach"])
+        request = Request("memory.optimizer_step", asked or key, "default", False, "default", facts)
+        if asked:  # the user's own optimizer settings: reported, never replaced
+            request = Request("memory.optimizer_step", asked, "default", True, "default", facts)
+        decision = memory.resolve_optimizer_step(request, plan.profile, plan.registry)
+        plan.add(f"memory.optimizer_step{_sfx(role)}", decision)
+        if decision.value == "fused" and decision.defaulted:
+            plan.writes[key] = {"fused": True}
+
+
+def _train_dtype(plan: _Plan, role: str) -> str:
+    decision = plan.decisions.get(f"dtype.train{_sfx(role)}") or plan.decisions.get("dtype.train")
+    return str(decision.value) if decision is not None else "fp32"
 
 
 def apply_writes(config: DictConfig, writes: dict[str, Any]) -> None:

@@ -116,7 +116,7 @@ RANGES: tuple[Range, ...] = (
 
 def _check_ranges(config: Any, device: str) -> None:
     for r in RANGES:
-        if r.when is not None and not (_needs_critic(config) if r.when == "critic" else _truthy(config, r.when)):
+        if r.when is not None and not (needs_critic(config) if r.when == "critic" else _truthy(config, r.when)):
             continue
         value = _get(config, r.key)
         why = r.problem(value)
@@ -167,14 +167,14 @@ def _model_keys(config: Any) -> Iterator[tuple[str, bool, bool]]:
     yield "actor_rollout_ref.model.hf_config_path", False, True  # optional ones default to the model path
     yield "actor_rollout_ref.model.tokenizer_path", False, False
     yield "data.tokenizer", False, False
-    if _needs_critic(config):
+    if needs_critic(config):
         yield "critic.model.path", True, True
         yield "critic.model.tokenizer_path", False, False
     if _truthy(config, f"{_RM}.enable"):
         yield f"{_RM}.model_path", True, True
 
 
-def _needs_critic(config: Any) -> bool:
+def needs_critic(config: Any) -> bool:
     import warnings
 
     try:

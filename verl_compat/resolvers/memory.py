@@ -8,7 +8,7 @@ from verl_compat.decision import Decision
 from verl_compat.planner.resolve import export_shares, is_auto  # noqa: F401  (used by the policy)
 from verl_compat.planner.resolve import plan_decisions as resolve_plan  # noqa: F401
 from verl_compat.profile import DeviceProfile
-from verl_compat.resolvers.registry import Request, passthrough
+from verl_compat.resolvers.registry import Context, Option, Reason, Registry, Request, choose, hard, passthrough, soft
 
 
 def _gib(profile: DeviceProfile) -> str:
@@ -25,3 +25,34 @@ def resolve_gpu_memory_utilization(request: Request, profile: DeviceProfile) -> 
     else:
         why = f"{engine} reserves this fraction of {_gib(profile)} for weights + KV cache (upstream value kept)"
     return passthrough(request, profile, [why])
+
+
+# AdamW's implementation (torch.optim): upstream passes none, so torch picks foreach on CUDA, which computes
+# sqrt(exp_avg_sq) for every parameter at once: one model-size fp32 temporary at each step (the planned P40
+# critic update OOMed there: benchmarks/results/h200_oom_reports.json). The fused CUDA kernel (an ATen kernel, not
+# Triton) updates in place with no such temporary.
+def _fused_reasons(ctx: Context) -> list[Reason]:
+    reasons: list[Reason] = []
+    if ctx.profile.is_cpu:
+        reasons.append(soft("cpu_no_card", "on a CPU the step's temporaries are host memory; torch's default kept"))
+    if ctx.fact("optimizer") not in ("AdamW", "Adam") or ctx.fact("optimizer_impl") != "torch.optim":
+        reasons.append(hard("not_torch_adam", "only torch.optim's Adam/AdamW have the fused kernel"))
+    if ctx.fact("offload_policy"):
+        reasons.append(hard("offload_policy", "fsdp offload_policy steps the optimizer on the CPU"))
+    if ctx.fact("loss_scaling"):
+        # verl's ShardedGradScaler hands the fused step its scale; that failed on the CPU platform
+        # (tests/test_engine_step.py) and is not yet run on a GPU: torch's default until it is
+        reasons.append(hard("loss_scaling", "fp16 loss scaling with the fused step is not verified yet"))
+    return reasons
+
+
+OPTIMIZER_STEP_OPTIONS = (
+    Option("fused", _fused_reasons, "AdamW's fused CUDA kernel: in place, no model-size temporaries", priority=10),
+    Option("default", why="torch's default AdamW implementation (foreach on CUDA; upstream verl)", priority=20),
+)
+
+
+def resolve_optimizer_step(request: Request, profile: DeviceProfile, registry: Registry | None = None) -> Decision:
+    """The AdamW implementation for one trained role; facts: optimizer, optimizer_impl, offload_policy,
+    loss_scaling (fp16 compute)."""
+    return choose(request, profile, OPTIMIZER_STEP_OPTIONS, registry=registry)
