@@ -309,10 +309,8 @@ def _optimizer_step(plan: _Plan) -> None:
             "offload_policy": bool(_get(plan.config, f"{fsdp}.offload_policy")),
             "loss_scaling": _train_dtype(plan, role) in ("fp16", "float16"),
         }
-        asked = plan.requested.any([key, f"{key}.fused", f"{key}.foreach"])
-        request = Request("memory.optimizer_step", asked or key, "default", False, "default", facts)
-        if asked:  # the user's own optimizer settings: reported, never replaced
-            request = Request("memory.optimizer_step", asked, "default", True, "default", facts)
+        # a dict (or one of its keys) the user set is passed through as theirs: reported, never replaced
+        request = plan.request("memory.optimizer_step", [key, f"{key}.fused", f"{key}.foreach"], "default", facts)
         decision = memory.resolve_optimizer_step(request, plan.profile, plan.registry)
         plan.add(f"memory.optimizer_step{_sfx(role)}", decision)
         if decision.value == "fused" and decision.defaulted:
