@@ -105,3 +105,15 @@ def test_estimate_covers_the_p40_critic_update_oom_and_what_stayed_resident():
     between = next(p for p in E.trainer_phases(job, that_plan) if p.name == "update_weights")
     counted = between.total - between.parts["weight sync staging bucket"]  # the bucket is freed after the sync
     assert counted >= snapshot["allocated"]
+
+
+def test_the_ranking_uses_the_measured_micro_batch_efficiency():
+    from verl_compat.planner import speed
+
+    for train, curve in ((True, speed.TRAIN_EFFICIENCY), (False, speed.FORWARD_EFFICIENCY)):
+        rows = {r["micro"] * RATE["seq"]: r["tflops"] for r in RATE["rows"] if r["train"] is train}
+        best = max(rows.values())
+        for tokens, eff in curve:
+            assert eff == pytest.approx(rows[tokens] / best, abs=0.005), (train, tokens)
+        assert speed.efficiency(768, train) == pytest.approx((curve[0][1] + curve[1][1]) / 2, abs=0.1)
+        assert speed.efficiency(256, train) == pytest.approx(curve[0][1] / 2)

@@ -3,12 +3,13 @@
 Per card: fp32 and fp16 matmul rate, memory bandwidth, host link (published datasheet figures; the ranking
 needs ratios, not exact times). Terms: generation = number of generate calls x response length x (a fixed
 per-token cost of transformers generate, measured ~20-28 ms on an H200 for 24 layers: research/gpu-baseline,
-+ weight reads + batch FLOPs); training = FLOPs / rate with an efficiency that grows with tokens per
++ weight reads + batch FLOPs); training = FLOPs / rate with the efficiency measured per tokens in a
 micro-batch (x 4/3 with gradient checkpointing); offload = bytes moved over the host link per step.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from verl_compat.planner.estimate import ADAM_STATES, Choice
@@ -38,7 +39,13 @@ RATES = {
 }
 GENERIC = Rates(10, 20, 400, 12)
 GENERATE_STEP_S_PER_LAYER = 0.8e-3  # python/launch cost of one decode step of transformers generate, per layer
-MICRO_OVERHEAD_TOKENS = 512  # tokens of work a micro-batch's fixed cost is worth
+# The model's own rate per tokens in a micro-batch, relative to its best: the Qwen2.5-0.5B shape in fp32 on the
+# H200, training (forward + backward) and forward-only (benchmarks/results/train_microbatch_rate_h200_fp32.json;
+# tests/test_planner_cuda_calibration.py checks these against it). A card with fewer SMs saturates earlier; for
+# ranking, the shape of the curve is what matters: one 512-token sequence per micro-batch trains at a third of
+# the rate of four.
+TRAIN_EFFICIENCY = ((512, 0.354), (1024, 0.727), (2048, 0.910), (4096, 0.968), (8192, 1.0))
+FORWARD_EFFICIENCY = ((512, 0.420), (1024, 0.731), (2048, 0.898), (4096, 0.995), (8192, 1.0))
 
 
 def rates_for(device_name: str) -> Rates:
@@ -49,9 +56,20 @@ def _rate(r: Rates, dtype_bytes: int) -> float:
     return (r.fp16_tflops if dtype_bytes == 2 else r.fp32_tflops) * 1e12
 
 
-def _compute_s(flops_per_token: float, tokens: int, micro_tokens: int, rate: float) -> float:
-    eff = micro_tokens / (micro_tokens + MICRO_OVERHEAD_TOKENS)
-    return flops_per_token * tokens / (rate * eff)
+def efficiency(micro_tokens: int, train: bool) -> float:
+    """The measured curve, interpolated in log2(tokens); proportional below its first point, 1 past its last."""
+    curve = TRAIN_EFFICIENCY if train else FORWARD_EFFICIENCY
+    t = max(1, micro_tokens)
+    if t <= curve[0][0]:
+        return curve[0][1] * t / curve[0][0]
+    for (t0, e0), (t1, e1) in zip(curve, curve[1:], strict=False):
+        if t <= t1:
+            return e0 + (e1 - e0) * (math.log2(t) - math.log2(t0)) / (math.log2(t1) - math.log2(t0))
+    return curve[-1][1]
+
+
+def _compute_s(flops_per_token: float, tokens: int, micro_tokens: int, rate: float, train: bool = False) -> float:
+    return flops_per_token * tokens / (rate * efficiency(micro_tokens, train))
 
 
 def step_seconds(job: JobSpec, c: Choice, device_name: str) -> dict[str, float]:
@@ -73,7 +91,7 @@ def step_seconds(job: JobSpec, c: Choice, device_name: str) -> dict[str, float]:
         out["ref"] = _compute_s(fwd, tokens, c.ref_micro * seq, _rate(r, job.train_bytes))
     gc = 4 / 3
     out["update_actor"] = _compute_s(
-        6.0 * a.lm_params * (gc if c.actor_gc else 1), tokens, c.actor_micro * seq, _rate(r, job.train_bytes)
+        6.0 * a.lm_params * (gc if c.actor_gc else 1), tokens, c.actor_micro * seq, _rate(r, job.train_bytes), True
     )
     moved = 0.0
     pa = a.lm_params * job.master_bytes / job.world
@@ -86,7 +104,7 @@ def step_seconds(job: JobSpec, c: Choice, device_name: str) -> dict[str, float]:
         cfwd = 2.0 * job.critic.value_params
         out["values"] = _compute_s(cfwd, tokens, c.critic_fwd_micro * seq, _rate(r, job.critic_train_bytes))
         out["update_critic"] = _compute_s(
-            3 * cfwd * (gc if c.critic_gc else 1), tokens, c.critic_micro * seq, _rate(r, job.critic_train_bytes)
+            3 * cfwd * (gc if c.critic_gc else 1), tokens, c.critic_micro * seq, _rate(r, job.critic_train_bytes), True
         )
         if c.critic_param_offload:
             moved += 2 * 2 * 2 * pc
