@@ -294,8 +294,8 @@ def _memory(plan: _Plan) -> None:
 
 
 def _optimizer_step(plan: _Plan) -> None:
-    """AdamW's implementation per trained role, written as optim.override_optimizer_config={fused: true} where
-    the user left that dict unset (a dict they set is theirs, whatever it holds)."""
+    """AdamW's implementation per trained role, written into optim.override_optimizer_config where the user left
+    that dict unset (a dict they set is theirs, whatever it holds)."""
     from verl_compat.preflight import needs_critic
 
     roles = [(ACTOR, "actor_rollout_ref.actor.optim", FSDP_ROLES[ACTOR][0])]
@@ -313,8 +313,9 @@ def _optimizer_step(plan: _Plan) -> None:
         request = plan.request("memory.optimizer_step", [key, f"{key}.fused", f"{key}.foreach"], "default", facts)
         decision = memory.resolve_optimizer_step(request, plan.profile, plan.registry)
         plan.add(f"memory.optimizer_step{_sfx(role)}", decision)
-        if decision.value == "fused" and decision.defaulted:
-            plan.writes[key] = {"fused": True}
+        override = memory.OPTIMIZER_OVERRIDES.get(decision.value) if isinstance(decision.value, str) else None
+        if override and decision.defaulted:
+            plan.writes[key] = dict(override)
 
 
 def _train_dtype(plan: _Plan, role: str) -> str:

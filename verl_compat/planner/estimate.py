@@ -206,13 +206,19 @@ def optimizer_step_bytes(job: JobSpec, phase: str) -> int:
     """torch's multi-tensor AdamW (foreach, its default on CUDA) computes sqrt(exp_avg_sq) for every parameter at
     once: one more model-size tensor at the step, when the activations are already freed, so an update phase
     needs max(activations, this). The planned P40 critic update OOMed there (benchmarks/results/
-    h200_oom_reports.json, its last report). Where verl-compat picks the fused kernel (memory.optimizer_step) there
-    is none."""
+    h200_oom_reports.json, its last report). With the fused kernel (memory.optimizer_step) there is none; with the
+    per-parameter loop, one parameter's worth."""
     if not job.on_gpu or phase not in ("update_actor", "update_critic"):
         return 0
-    if job.fused_adam[0 if phase == "update_actor" else 1]:  # the fused kernel updates in place
+    shape = job.actor if phase == "update_actor" else job.critic
+    if shape is None:
         return 0
-    params = job.actor.lm_params if phase == "update_actor" else job.critic.value_params if job.critic else 0
+    step = job.adam_step[0 if phase == "update_actor" else 1]
+    if step == "fused":  # the fused kernel updates in place
+        return 0
+    if step == "loop":  # one parameter at a time: the largest one, the embedding
+        return shape.embedding_params // job.world * job.master_bytes
+    params = shape.lm_params if phase == "update_actor" else shape.value_params
     return params // job.world * job.master_bytes
 
 

@@ -54,7 +54,7 @@ class JobSpec:
     actor_entropy: bool = False  # entropy_coeff != 0: the update keeps an entropy graph too
     use_dynamic_bsz: bool = False
     sync_bucket_bytes: int = 2048 << 20  # rollout.checkpoint_engine.update_weights_bucket_megabytes
-    fused_adam: tuple[bool, bool] = (False, False)  # (actor, critic): AdamW's fused kernel, no step temporary
+    adam_step: tuple[str, str] = ("default", "default")  # (actor, critic): memory.optimizer_step's choices
     settings: Mapping[str, Setting] = field(default_factory=dict)
 
     @property
@@ -91,11 +91,11 @@ class JobSpec:
         engine: str,
         on_gpu: bool = True,
         shape_loader: Callable[[str], ModelShape] | None = None,
-        fused_adam: tuple[bool, bool] = (False, False),
+        adam_step: tuple[str, str] = ("default", "default"),
     ) -> JobSpec:
         """From a composed verl DictConfig. `dtypes`: {"train", "train.critic", "rollout"} short names as the
-        dtype resolvers chose them; `fused_adam`: (actor, critic) step with AdamW's fused kernel (the
-        memory.optimizer_step decisions). Raises ValueError when the model's config cannot be read."""
+        dtype resolvers chose them; `adam_step`: (actor, critic) AdamW implementation, as the
+        memory.optimizer_step decisions chose them. Raises ValueError when the model's config cannot be read."""
         from omegaconf import OmegaConf
 
         def get(key: str, default: Any = None) -> Any:
@@ -144,6 +144,6 @@ class JobSpec:
             actor_entropy=float(get("actor_rollout_ref.actor.entropy_coeff", 0) or 0) != 0,
             use_dynamic_bsz=bool(get("actor_rollout_ref.actor.use_dynamic_bsz", False)),
             sync_bucket_bytes=int(get(K.SYNC_BUCKET_MB, 2048)) << 20,
-            fused_adam=tuple(fused_adam),
+            adam_step=tuple(adam_step),
             settings=settings,
         )

@@ -67,9 +67,9 @@ def plan_decisions(
     try:
         if memory is None:
             raise ValueError(f"the memory of {profile.describe()} is unknown")
-        fused = tuple(_value(decisions, f"memory.optimizer_step{r}", "default") == "fused" for r in ("", ".critic"))
+        adam = tuple(str(_value(decisions, f"memory.optimizer_step{r}", "default")) for r in ("", ".critic"))
         job = JobSpec.from_verl_config(
-            config, memory, profile.describe(), is_requested, dtypes, engine, not profile.is_cpu, shape_loader, fused
+            config, memory, profile.describe(), is_requested, dtypes, engine, not profile.is_cpu, shape_loader, adam
         )
     except (OSError, ValueError) as e:  # no model config to read (verl's default path, a typo): nothing planned
         if autos:

@@ -30,26 +30,35 @@ def resolve_gpu_memory_utilization(request: Request, profile: DeviceProfile) -> 
 # AdamW's implementation (torch.optim): upstream passes none, so torch picks foreach on CUDA, which computes
 # sqrt(exp_avg_sq) for every parameter at once: one model-size fp32 temporary at each step (the planned P40
 # critic update OOMed there: benchmarks/results/h200_oom_reports.json). The fused CUDA kernel (an ATen kernel, not
-# Triton) updates in place with no such temporary.
-def _fused_reasons(ctx: Context) -> list[Reason]:
+# Triton) updates in place with no such temporary; the per-parameter loop (foreach=False, torch's reference
+# implementation) needs one parameter's worth (the embedding) and some thousand small kernels per step.
+def _torch_adam_reasons(ctx: Context) -> list[Reason]:
     reasons: list[Reason] = []
     if ctx.profile.is_cpu:
         reasons.append(soft("cpu_no_card", "on a CPU the step's temporaries are host memory; torch's default kept"))
     if ctx.fact("optimizer") not in ("AdamW", "Adam") or ctx.fact("optimizer_impl") != "torch.optim":
-        reasons.append(hard("not_torch_adam", "only torch.optim's Adam/AdamW have the fused kernel"))
+        reasons.append(hard("not_torch_adam", "only torch.optim's Adam/AdamW take these implementation flags"))
+    return reasons
+
+
+def _fused_reasons(ctx: Context) -> list[Reason]:
+    reasons = _torch_adam_reasons(ctx)
     if ctx.fact("offload_policy"):
         reasons.append(hard("offload_policy", "fsdp offload_policy steps the optimizer on the CPU"))
     if ctx.fact("loss_scaling"):
         # verl's ShardedGradScaler hands the fused step its scale; that failed on the CPU platform
-        # (tests/test_engine_step.py) and is not yet run on a GPU: torch's default until it is
+        # (tests/test_engine_step.py) and is not yet run on a GPU: the loop, which the scaler has always driven
         reasons.append(hard("loss_scaling", "fp16 loss scaling with the fused step is not verified yet"))
     return reasons
 
 
 OPTIMIZER_STEP_OPTIONS = (
     Option("fused", _fused_reasons, "AdamW's fused CUDA kernel: in place, no model-size temporaries", priority=10),
+    Option("loop", _torch_adam_reasons, "AdamW one parameter at a time: temporaries of one parameter", priority=15),
     Option("default", why="torch's default AdamW implementation (foreach on CUDA; upstream verl)", priority=20),
 )
+# What each choice writes into optim.override_optimizer_config (verl passes it to the optimizer's constructor).
+OPTIMIZER_OVERRIDES = {"fused": {"fused": True}, "loop": {"foreach": False}}
 
 
 def resolve_optimizer_step(request: Request, profile: DeviceProfile, registry: Registry | None = None) -> Decision:
