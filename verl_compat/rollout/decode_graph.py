@@ -38,7 +38,7 @@ def bucket_for(rows: int, sizes: list[int]) -> int:
 
 
 class DecodeRunner:
-    def __init__(self, model, cache: SlotKVCache, state: SlotState, use_graphs: bool, fast: bool = True):
+    def __init__(self, model, cache: SlotKVCache, state: SlotState, use_graphs: bool, fast: bool = True, totals=None):
         self.model = model
         # Few-kernel forward for Llama-style models; any other model runs its own HF forward through the cache.
         self.fast = FastDecoder.for_model(model) if fast else None
@@ -51,6 +51,8 @@ class DecodeRunner:
         self._weights_key = self._param_key()
         self.captures = 0  # graphs captured so far (benchmarks and tests read it)
         self.capture_s = 0.0  # wall time of those captures (warm-up steps included)
+        # the owner's running totals over every runner it builds ({"captures", "capture_s"}), if it keeps them
+        self._totals = totals if totals is not None else {"captures": 0, "capture_s": 0.0}
 
     def _param_key(self) -> tuple[int, ...]:
         return tuple(p.data_ptr() for p in self.model.parameters())
@@ -113,7 +115,10 @@ class DecodeRunner:
             self._step(b, mode)
         self.state.restore(snap)  # the warm-up steps ran for real; capturing did not
         self._graphs[(b, mode)] = graph
+        seconds = time.perf_counter() - t0
         self.captures += 1
-        self.capture_s += time.perf_counter() - t0
+        self.capture_s += seconds
+        self._totals["captures"] += 1
+        self._totals["capture_s"] += seconds
         logger.debug("captured a decode graph for batch %d, mode %s", b, mode)
         return graph

@@ -83,7 +83,7 @@ class SlotScheduler:
         self.runner: DecodeRunner | None = None
         self._slot_limit = 0  # slots the memory budget allowed at the last allocation
         self.allocations = 0  # KV cache (re)builds so far; each one starts a new set of graphs
-        self._retired = {"captures": 0, "capture_s": 0.0}  # graphs of the runners replaced so far
+        self.graph_totals = {"captures": 0, "capture_s": 0.0}  # over every DecodeRunner built here
 
     # ------------------------------------------------------------------ memory
     @property
@@ -96,24 +96,16 @@ class SlotScheduler:
 
     def counters(self) -> dict[str, float]:
         """Totals since the engine started: decode steps, admission rounds, cache builds, graph captures."""
-        live = self.runner
         return {
             "decode_steps": self.steps,
             "admission_rounds": len(self.batch_log),
             "allocations": self.allocations,
-            "captures": self._retired["captures"] + (live.captures if live else 0),
-            "capture_s": self._retired["capture_s"] + (live.capture_s if live else 0.0),
+            **self.graph_totals,
         }
-
-    def _retire(self, runner: DecodeRunner | None) -> None:
-        if runner is not None:
-            self._retired["captures"] += runner.captures
-            self._retired["capture_s"] += runner.capture_s
 
     def release(self) -> None:
         """Free the KV cache, the slot state and the graphs (sleep); they are rebuilt on the next request."""
         assert not self.rows, "release with running requests"
-        self._retire(self.runner)
         self.cache = self.state = self.runner = None
 
     def _fit_slots(self, max_len: int) -> int:
@@ -162,8 +154,9 @@ class SlotScheduler:
             state.copy_rows(old_state, keep)
         self.cache, self.state = cache, state
         self.allocations += 1
-        self._retire(old[2])
-        self.runner = DecodeRunner(self.model, self.cache, self.state, self.use_graphs, fast=self.fast_decode)
+        self.runner = DecodeRunner(
+            self.model, self.cache, self.state, self.use_graphs, fast=self.fast_decode, totals=self.graph_totals
+        )
         logger.info(
             "hf rollout KV cache: %d slots x %d tokens, %.1f MiB; decode: %s, %s",
             slots,
