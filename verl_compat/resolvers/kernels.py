@@ -80,7 +80,7 @@ def resolve_flash_ce(request: Request, profile: DeviceProfile, registry: Registr
 # verl's torch log-prob path (where the flash-attn cross-entropy is not used): upstream loops over tokens.
 def _blocked_reasons(ctx: Context) -> list[Reason]:
     if ctx.profile.is_cpu:
-        return [soft("cpu_row_in_cache", "on CPU upstream's per-token loop works in cache and measured faster")]
+        return [soft("cpu_row_in_cache", "on a CPU the per-token loop works in cache: no faster per block")]
     return []
 
 
