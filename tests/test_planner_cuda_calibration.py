@@ -90,11 +90,12 @@ def test_estimate_covers_the_p40_critic_update_oom_and_what_stayed_resident():
     """The planned P40 critic update OOMed in AdamW's foreach sqrt at 16.41 GiB allocated (+58 MiB asked), with
     the actor's weights and optimizer resident, its critic optimizer loaded and activations already freed. The
     estimate of that moment (the phase without activations, plus the step's sqrt(exp_avg_sq)) must cover it, and
-    what the trainer held after a whole step (its memory snapshot) must be counted between phases."""
+    what the trainer held after a whole step (its memory snapshot) must be counted between phases. Both ran with
+    FSDP1's flat-parameter views (before memory.orig_params), so the reference's fp32 copy stayed on the GPU."""
     reports = json.loads((RESULTS / "h200_oom_reports.json").read_text())["reports"]
     oom = next(r for r in reports if r["run"].startswith("p40 planned @4e574de"))
     assert "_foreach_sqrt" in oom["last_frames"][-1] and "16.41 GiB is allocated" in oom["error"]
-    job = dataclasses.replace(_job(4), critic=ModelShape.from_config(QWEN25["0.5B"]))
+    job = dataclasses.replace(_job(4), critic=ModelShape.from_config(QWEN25["0.5B"]), stale_views=FLAT_VIEWS)
     that_plan = E.Choice(4, 4, 4, 16, 32, False, False, False, True, True, True, 32)
     phase = next(p for p in E.trainer_phases(job, that_plan) if p.name == "update_critic")
     at_step = phase.total - phase.parts["activations"] - phase.parts.get(E.STEP_EXTRA, 0)
@@ -105,6 +106,27 @@ def test_estimate_covers_the_p40_critic_update_oom_and_what_stayed_resident():
     between = next(p for p in E.trainer_phases(job, that_plan) if p.name == "update_weights")
     counted = between.total - between.parts["weight sync staging bucket"]  # the bucket is freed after the sync
     assert counted >= snapshot["allocated"]
+
+
+FLAT_VIEWS = frozenset({"actor", "ref", "critic"})
+
+
+def test_the_copy_fsdp1_views_kept_is_the_references_and_is_counted():
+    """Round D's snapshot (the P40 plan of then: actor and critic resident, the reference offloaded by FSDP1's
+    CPUOffload, flat-parameter views): besides the two resident models' flat parameters, one whole fp32 model
+    allocated at FSDP's pre_unshard (the move to the GPU for the reference's forward) was still live. The
+    estimate with those views counts it; without them (memory.orig_params) it is not there to count."""
+    snapshot = json.loads((RESULTS / "p40_h200_resident_after_step_round_d.json").read_text())
+    shape = ModelShape.from_config(QWEN25["0.5B"])
+    moved_in = sum(g["bytes"] for g in snapshot["groups"] if "pre_unshard" in g["stack"])
+    assert moved_in == pytest.approx(shape.lm_params * 4, rel=0.02)
+    job = dataclasses.replace(_job(4), critic=shape, stale_views=FLAT_VIEWS)
+    that_plan = E.Choice(2, 4, 8, 32, 32, False, True, False, True, True, True, 32)
+    between = next(p for p in E.trainer_phases(job, that_plan) if p.name == "update_weights")
+    counted = between.total - between.parts["weight sync staging bucket"]
+    assert counted >= snapshot["allocated"]
+    fixed = next(p for p in E.trainer_phases(dataclasses.replace(job, stale_views=frozenset()), that_plan))
+    assert not any("FSDP1 views" in k for k in fixed.parts)
 
 
 def test_the_ranking_uses_the_measured_micro_batch_efficiency():

@@ -192,7 +192,7 @@ def trainer_phases(job: JobSpec, c: Choice) -> list[Phase]:
     held = _held_after_forward(job, c)
     for ph in phases:
         if held:
-            ph.parts["model copies held after forward passes (measured)"] = held
+            ph.parts["GPU copies of offloaded models kept by FSDP1 views"] = held
         step = optimizer_step_bytes(job, ph.name)
         ph.parts[STEP_EXTRA] = max(0, step - ph.parts.get("activations", 0))
         ph.parts = {k: v for k, v in ph.parts.items() if v}
@@ -223,18 +223,17 @@ def optimizer_step_bytes(job: JobSpec, phase: str) -> int:
 
 
 def _held_after_forward(job: JobSpec, c: Choice) -> int:
-    """Model-size copies a one-GPU trainer holds beyond the parts above, as measured after whole steps on the
-    H200 (trainer memory right after each weight sync, and a memory snapshot): the planned P40 trainer, actor and
-    critic resident, held one fp32 actor copy (24 decoder-layer blocks plus the root, allocated in the Qwen2
-    forward: benchmarks/results/p40_h200_resident_after_step.json; resharding every FSDP unit did not free it);
-    the P40 seed recipe, actor and critic offloaded in fp32, held two (+3.7 GiB); both T4 sides, offloaded under
-    fp16 compute, none. Counted: one copy of a resident actor, and under fp32 compute one per offloaded trained
-    model. Cause not yet found; counted so that plans fit."""
+    """Model-size copies a one-GPU trainer keeps after moving an offloaded model to the host, when FSDP1's
+    flat-parameter views still point at the old GPU tensor (JobSpec.stale_views; memory.orig_params avoids it
+    where it applies): the reference after each forward (FSDP1's CPUOffload), actor and critic after verl's param
+    offload. Measured on the H200 under fp32 with those views: the planned P40 trainer held the reference's copy
+    (benchmarks/results/p40_h200_resident_after_step_round_d.json: 24 decoder-layer blocks and the root,
+    allocated at FSDP's pre_unshard), the seed recipe's (all offloaded) two copies (+3.7 GiB; three counted)."""
     if not job.on_gpu or job.world != 1:
         return 0
-    copies = 0 if c.actor_param_offload else 1
-    if job.train_bytes == 4:
-        copies += int(c.actor_param_offload) + int(job.critic is not None and c.critic_param_offload)
+    offloaded = {"ref": job.need_ref, "actor": c.actor_param_offload}
+    offloaded["critic"] = job.critic is not None and c.critic_param_offload
+    copies = sum(1 for role, off in offloaded.items() if off and role in job.stale_views)
     return copies * job.actor.lm_params * job.master_bytes
 
 

@@ -55,6 +55,8 @@ class JobSpec:
     use_dynamic_bsz: bool = False
     sync_bucket_bytes: int = 2048 << 20  # rollout.checkpoint_engine.update_weights_bucket_megabytes
     adam_step: tuple[str, str] = ("default", "default")  # (actor, critic): memory.optimizer_step's choices
+    # roles ("actor", "ref", "critic") whose GPU copy outlives a move to the host (memory.orig_params)
+    stale_views: frozenset[str] = frozenset()
     settings: Mapping[str, Setting] = field(default_factory=dict)
 
     @property
@@ -92,10 +94,12 @@ class JobSpec:
         on_gpu: bool = True,
         shape_loader: Callable[[str], ModelShape] | None = None,
         adam_step: tuple[str, str] = ("default", "default"),
+        stale_views: frozenset[str] = frozenset(),
     ) -> JobSpec:
         """From a composed verl DictConfig. `dtypes`: {"train", "train.critic", "rollout"} short names as the
         dtype resolvers chose them; `adam_step`: (actor, critic) AdamW implementation, as the
-        memory.optimizer_step decisions chose them. Raises ValueError when the model's config cannot be read."""
+        memory.optimizer_step decisions chose them; `stale_views`: the roles whose offloaded GPU copy stays (see
+        JobSpec.stale_views). Raises ValueError when the model's config cannot be read."""
         from omegaconf import OmegaConf
 
         def get(key: str, default: Any = None) -> Any:
@@ -145,5 +149,6 @@ class JobSpec:
             use_dynamic_bsz=bool(get("actor_rollout_ref.actor.use_dynamic_bsz", False)),
             sync_bucket_bytes=int(get(K.SYNC_BUCKET_MB, 2048)) << 20,
             adam_step=tuple(adam_step),
+            stale_views=frozenset(stale_views),
             settings=settings,
         )

@@ -47,6 +47,23 @@ def _decision(profile: DeviceProfile, category: str, key: str, value: Any, defau
     return Decision(category, key, value, defaulted, profile.describe(), reasons=tuple(reasons), upstream=upstream)
 
 
+def stale_views(decisions: Mapping[str, Decision], dtypes: Mapping[str, str]) -> frozenset[str]:
+    """The roles whose GPU copy outlives a move to the host: memory.orig_params kept FSDP1's flat-parameter
+    views (a user's explicit use_orig_params=False) where the leak applies (its alternative was acceptable). With
+    no decision recorded (a caller outside the policy), every role under fp32 compute."""
+    out = set()
+    for role, sfx in (("actor", ""), ("ref", ".ref"), ("critic", ".critic")):
+        d = decisions.get(f"memory.orig_params{sfx}")
+        if d is None:
+            train = dtypes.get("train.critic" if role == "critic" else "train")
+            stale = train in ("fp32", "float32")
+        else:
+            stale = d.value is False and any(c.value is True and c.accepted for c in d.candidates)
+        if stale:
+            out.add(role)
+    return frozenset(out)
+
+
 def plan_decisions(
     config: Any,
     profile: DeviceProfile,
@@ -68,8 +85,18 @@ def plan_decisions(
         if memory is None:
             raise ValueError(f"the memory of {profile.describe()} is unknown")
         adam = tuple(str(_value(decisions, f"memory.optimizer_step{r}", "default")) for r in ("", ".critic"))
+        stale = stale_views(decisions, dtypes)
         job = JobSpec.from_verl_config(
-            config, memory, profile.describe(), is_requested, dtypes, engine, not profile.is_cpu, shape_loader, adam
+            config,
+            memory,
+            profile.describe(),
+            is_requested,
+            dtypes,
+            engine,
+            not profile.is_cpu,
+            shape_loader,
+            adam,
+            stale,
         )
     except (OSError, ValueError) as e:  # no model config to read (verl's default path, a typo): nothing planned
         if autos:
