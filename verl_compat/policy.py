@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from verl_compat.config_keys import ACTOR, CRITIC, FSDP_ROLES, MODEL_ROLES, REF, ROLLOUT
 from verl_compat.decision import Decision
 from verl_compat.profile import DeviceProfile
-from verl_compat.resolvers import attention, dtype, kernels, memory, placement, rollout_engine
+from verl_compat.resolvers import attention, dtype, helpers, kernels, memory, placement, rollout_engine
 from verl_compat.resolvers.registry import Registry, Request
 from verl_compat.user_keys import RequestedKeys, doctor_searchpath, requested_keys, verl_config_dir
 
@@ -122,6 +122,10 @@ def _placement(plan: _Plan) -> None:
         key = f"{FSDP_ROLES[role][1]}.strategy"
         decision = placement.resolve_strategy(plan.request("platform.strategy", [key], "fsdp"), p, plan.registry)
         plan.add(f"platform.strategy{_sfx(role)}", decision, key)
+    gpus = int(_get(plan.config, "trainer.n_gpus_per_node") or 1) * int(_get(plan.config, "trainer.nnodes") or 1)
+    for key, (name, _, upstream, legacy) in helpers.HELPERS.items():  # they share the host: the card's policy
+        request = plan.request("platform.helpers", [key, *([legacy] if legacy else [])], upstream, {"gpus": gpus})
+        plan.add(name, helpers.resolve_helpers(request, plan.profile, plan.registry), key)
 
 
 def _dtypes(plan: _Plan) -> str:
