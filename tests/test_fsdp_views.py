@@ -1,23 +1,18 @@
-"""FSDP1's flat-parameter views keep a moved model's old storage alive; memory.orig_params turns on original-
-parameter views where that costs a GPU copy (fp32 compute, FSDP1, a GPU), and the planner counts the copy where
-the user keeps flat-parameter views."""
+"""FSDP1's stale views keep a moved model's old storage alive (NO_SHARD, full precision); the seam re-points them
+at the moved tensor so the old one is freed, below sm_80 only; the planner counts the copy only where it stays."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 import torch.distributed as dist
-from test_planner_policy import _decide, job_overrides  # noqa: F401  (the module's fixture)
 from torch import nn
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-from torch.distributed.fsdp import ShardingStrategy
+from torch.distributed.fsdp import MixedPrecision, ShardingStrategy
 
-VIEWS = "GPU copies of offloaded models kept by FSDP1 views"
-KEYS = {
-    "memory.orig_params": "actor_rollout_ref.actor.fsdp_config.use_orig_params",
-    "memory.orig_params.ref": "actor_rollout_ref.ref.fsdp_config.use_orig_params",
-    "memory.orig_params.critic": "critic.fsdp.use_orig_params",
-}
+from verl_compat import fsdp_views, seams
+from verl_compat.catalog import get_profile
+from verl_compat.planner.resolve import stale_views
 
 
 @pytest.fixture
@@ -30,54 +25,76 @@ def one_rank(tmp_path):
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("orig", [False, True])
-def test_a_moved_flat_parameter_leaves_stale_views_without_orig_params(one_rank, orig):
-    """What the P40 trainer's snapshot showed on the GPU, on the CPU: a move of the flat parameter (as FSDP1's
-    CPUOffload and verl's offload do, there to the host) makes a new tensor; with flat-parameter views the
-    module's weight still references the old storage, which therefore cannot be freed."""
-    fsdp = FSDP(
+def _fsdp(orig: bool, mixed: MixedPrecision | None = None) -> FSDP:
+    torch.manual_seed(0)
+    return FSDP(
         nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 4)),
         device_id=torch.device("cpu"),
         sharding_strategy=ShardingStrategy.NO_SHARD,
         use_orig_params=orig,
+        mixed_precision=mixed,
     )
+
+
+def _move(fsdp: FSDP) -> tuple[int, int]:
+    """A forward-only pass, then a move of the flat parameter to a new tensor (as a move to the host does on a
+    GPU). Returns (old, new) storage pointers."""
     with torch.no_grad():
         fsdp(torch.randn(2, 8))
     handle = fsdp._all_handles[0]
     old = handle.flat_param.untyped_storage().data_ptr()
-    handle.flat_param_to(torch.device("cpu"), copy=True)  # a new tensor, like a device move
-    new = handle.flat_param.untyped_storage().data_ptr()
-    weight = fsdp.module[0].weight.untyped_storage().data_ptr()
-    assert new != old
-    assert weight == (new if orig else old)
+    handle.flat_param_to(torch.device("cpu"), copy=True)
+    return old, handle.flat_param.untyped_storage().data_ptr()
 
 
-def test_p40_turns_on_original_parameter_views_and_counts_no_kept_copy(job_overrides):  # noqa: F811
-    _, decisions, writes = _decide("p40", job_overrides)
-    for name, key in KEYS.items():
-        assert decisions[name].value is True and writes[key] is True, name
-    assert not any(VIEWS in r for r in decisions["memory.plan"].reasons)
+def _weight_ptr(fsdp: FSDP) -> int:
+    return fsdp.module[0].weight.untyped_storage().data_ptr()
 
 
-@pytest.mark.parametrize("profile", ["t4", "v100", "a100", "cpu"])
-def test_mixed_precision_and_cpus_keep_upstreams_views(job_overrides, profile):  # noqa: F811
-    """fp16/bf16: FSDP frees the low-precision copy the views point into; a CPU has no GPU copy."""
-    _, decisions, writes = _decide(profile, job_overrides)
-    for name, key in KEYS.items():
-        assert decisions[name].value is False and key not in writes, (profile, name)
-    assert not any(VIEWS in r for r in decisions["memory.plan"].reasons)
+@pytest.mark.parametrize("orig", [False, True])
+def test_a_move_leaves_views_of_the_old_tensor_and_the_seam_repoints_them(one_rank, orig):
+    """What the P40 trainer's snapshots showed on the GPU, on the CPU: with flat-parameter views the module's
+    weight still references the old storage after the move; with original-parameter views the weight follows,
+    but FSDP keeps the forward's views for a backward that a forward-only pass never runs."""
+    fsdp = _fsdp(orig)
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        before = fsdp(x)
+    old, new = _move(fsdp)
+    assert old != new
+    flat = fsdp._all_handles[0].flat_param
+    stale = [t.untyped_storage().data_ptr() for t in (flat._tensors or []) if t is not None]
+    assert (_weight_ptr(fsdp) == old) if not orig else (stale and set(stale) == {old})
+
+    assert fsdp_views.release_moved_views(fsdp) == 1
+    assert _weight_ptr(fsdp) == new
+    assert not any(t is not None for t in (flat._tensors or []))
+    with torch.no_grad():
+        assert torch.equal(fsdp(x), before)  # the next forward unshards as usual
 
 
-def test_the_users_flat_parameter_views_are_kept_and_their_copy_counted(job_overrides):  # noqa: F811
-    ref_key = KEYS["memory.orig_params.ref"]
-    _, decisions, writes = _decide("p40", [*job_overrides, f"{ref_key}=false"])
-    assert ref_key not in writes and decisions["memory.orig_params.ref"].value is False
-    assert not decisions["memory.orig_params.ref"].defaulted
-    assert writes[KEYS["memory.orig_params"]] is True  # the actor's is still resolved
-    kept = [r for r in decisions["memory.plan"].reasons if VIEWS in r]
-    assert kept and all(f"{VIEWS} 1.84 GiB" in r for r in kept)  # the reference's fp32 copy, in every phase
+def test_low_precision_compute_is_left_to_fsdp(one_rank):
+    """Under param mixed precision the views point into the low-precision copy that FSDP frees itself."""
+    fsdp = _fsdp(False, MixedPrecision(param_dtype=torch.bfloat16))
+    _move(fsdp)
+    assert fsdp_views.stale_handles(fsdp) == [] and fsdp_views.release_moved_views(fsdp) == 0
 
 
-def test_a_user_set_true_is_kept_on_a_cpu(job_overrides):  # noqa: F811
-    _, decisions, writes = _decide("cpu", [*job_overrides, f"{KEYS['memory.orig_params']}=true"])
-    assert decisions["memory.orig_params"].value is True and KEYS["memory.orig_params"] not in writes
+def test_an_fsdp2_or_plain_module_has_nothing_to_release():
+    assert fsdp_views.release_moved_views(nn.Linear(2, 2)) == 0
+
+
+@pytest.mark.parametrize(("profile", "runs"), [("p40", True), ("t4", True), ("cpu", True), ("a100", False)])
+def test_the_seam_runs_below_sm80_only(monkeypatch, profile, runs):
+    calls = []
+    monkeypatch.setattr(seams, "_profile", lambda: get_profile(profile))
+    monkeypatch.setattr(fsdp_views, "release_moved_views", lambda m: calls.append(m))
+    seams.release_moved_views("module")
+    assert calls == (["module"] if runs else [])
+
+
+def test_the_planner_counts_the_copy_only_where_it_stays():
+    fp32 = {"train": "fp32", "train.critic": "fp32"}
+    assert stale_views(get_profile("p40"), fp32) == frozenset()
+    assert stale_views(get_profile("a100"), fp32) == {"actor", "ref", "critic"}
+    assert stale_views(get_profile("a100"), {"train": "bf16", "train.critic": "bf16"}) == frozenset()

@@ -91,7 +91,7 @@ def test_estimate_covers_the_p40_critic_update_oom_and_what_stayed_resident():
     the actor's weights and optimizer resident, its critic optimizer loaded and activations already freed. The
     estimate of that moment (the phase without activations, plus the step's sqrt(exp_avg_sq)) must cover it, and
     what the trainer held after a whole step (its memory snapshot) must be counted between phases. Both ran with
-    FSDP1's flat-parameter views (before memory.orig_params), so the reference's fp32 copy stayed on the GPU."""
+    FSDP1's stale views (before verl_compat.fsdp_views), so the reference's fp32 copy stayed on the GPU."""
     reports = json.loads((RESULTS / "h200_oom_reports.json").read_text())["reports"]
     oom = next(r for r in reports if r["run"].startswith("p40 planned @4e574de"))
     assert "_foreach_sqrt" in oom["last_frames"][-1] and "16.41 GiB is allocated" in oom["error"]
@@ -115,7 +115,7 @@ def test_the_copy_fsdp1_views_kept_is_the_references_and_is_counted():
     """Round D's snapshot (the P40 plan of then: actor and critic resident, the reference offloaded by FSDP1's
     CPUOffload, flat-parameter views): besides the two resident models' flat parameters, one whole fp32 model
     allocated at FSDP's pre_unshard (the move to the GPU for the reference's forward) was still live. The
-    estimate with those views counts it; without them (memory.orig_params) it is not there to count."""
+    estimate with those views counts it; without them (verl_compat.fsdp_views) it is not there to count."""
     snapshot = json.loads((RESULTS / "p40_h200_resident_after_step_round_d.json").read_text())
     shape = ModelShape.from_config(QWEN25["0.5B"])
     moved_in = sum(g["bytes"] for g in snapshot["groups"] if "pre_unshard" in g["stack"])
@@ -127,6 +127,21 @@ def test_the_copy_fsdp1_views_kept_is_the_references_and_is_counted():
     assert counted >= snapshot["allocated"]
     fixed = next(p for p in E.trainer_phases(dataclasses.replace(job, stale_views=frozenset()), that_plan))
     assert not any("FSDP1 views" in k for k in fixed.parts)
+
+
+def test_the_seam_freed_the_copies_the_stale_views_kept():
+    """Round E (flat-parameter views, and use_orig_params=true, which did not help): the planned side still held
+    the reference's copy (pre_unshard), the seed recipe's side the actor's and critic's (verl's
+    load_fsdp_model_to_gpu) too. Round F, with verl_compat.fsdp_views: none of them."""
+    shape = ModelShape.from_config(QWEN25["0.5B"])
+
+    def moved_in(name: str) -> int:
+        groups = json.loads((RESULTS / name).read_text())["groups"]
+        return sum(g["bytes"] for g in groups if "pre_unshard" in g["stack"] or "load_fsdp_model_to_gpu" in g["stack"])
+
+    assert moved_in("p40_h200_resident_planned_round_e.json") == pytest.approx(shape.lm_params * 4, rel=0.02)
+    assert moved_in("p40_h200_resident_seed_round_e.json") == pytest.approx(3 * shape.lm_params * 4, rel=0.05)
+    assert moved_in("p40_h200_resident_planned_round_f.json") == 0
 
 
 def test_the_ranking_uses_the_measured_micro_batch_efficiency():

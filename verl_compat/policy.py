@@ -14,7 +14,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from verl_compat.config_keys import ACTOR, CRITIC, FSDP_ROLES, MODEL_ROLES, REF, ROLLOUT
+from verl_compat.config_keys import ACTOR, CRITIC, FSDP_ROLES, MODEL_ROLES, ROLLOUT
 from verl_compat.decision import Decision
 from verl_compat.profile import DeviceProfile
 from verl_compat.resolvers import attention, dtype, helpers, kernels, memory, placement, rollout_engine
@@ -291,7 +291,6 @@ def _memory(plan: _Plan) -> None:
     util = plan.request("memory.gpu_memory_utilization", [f"{ROLLOUT}.gpu_memory_utilization"], 0.5, {"engine": engine})
     plan.add("memory.gpu_memory_utilization", memory.resolve_gpu_memory_utilization(util, p))
     _optimizer_step(plan)
-    _orig_params(plan)
     # offload, gradient checkpointing, micro-batches and the rollout batch: the memory planner
     planned, writes = memory.resolve_plan(plan.config, p, plan.requested.__contains__, plan.decisions)
     plan.decisions.update(planned)
@@ -321,28 +320,6 @@ def _optimizer_step(plan: _Plan) -> None:
         override = memory.OPTIMIZER_OVERRIDES.get(decision.value) if isinstance(decision.value, str) else None
         if override and decision.defaulted:
             plan.writes[key] = dict(override)
-
-
-def _orig_params(plan: _Plan) -> None:
-    """fsdp_config.use_orig_params per FSDP role (see memory.resolve_orig_params), before the planner, which
-    counts a GPU copy for each offloaded role that keeps one."""
-    from verl_compat.preflight import needs_critic
-
-    roles = [ACTOR, REF] + ([CRITIC] if needs_critic(plan.config) else [])
-    for role in roles:
-        fsdp = FSDP_ROLES[role][0]
-        strategy = plan.decisions.get(f"platform.strategy{_sfx(CRITIC if role == CRITIC else ACTOR)}")
-        master = plan.decisions.get(f"dtype.master{_sfx(role)}")
-        facts = {
-            "strategy": strategy.value if strategy is not None else "fsdp",
-            "param_dtype": dtype.canonical(_train_dtype(plan, role)),
-            "master_dtype": dtype.canonical(master.value if master is not None else "fp32"),
-        }
-        key = f"{fsdp}.use_orig_params"
-        request = plan.request("memory.orig_params", [key], False, facts)
-        plan.add(
-            f"memory.orig_params{_sfx(role)}", memory.resolve_orig_params(request, plan.profile, plan.registry), key
-        )
 
 
 def _train_dtype(plan: _Plan, role: str) -> str:

@@ -290,3 +290,15 @@ def _cfg_get(cfg: Any, key: str, default: Any) -> Any:
     else:
         value = getattr(cfg, key, default)
     return default if value is None else value
+
+
+# Memory ---------------------------------------------------------------------------------------------------------
+def release_moved_views(module: Any) -> None:
+    """After verl moves an FSDP1 model's parameters to the host, or after a forward-only pass (FSDP1's
+    CPUOffload moves them back): free the GPU copy its stale views keep (verl_compat.fsdp_views). Below sm_80 and
+    on CPUs; sm_80+ keeps upstream's behaviour."""
+    if _profile().is_ampere_or_newer:
+        return
+    from verl_compat.fsdp_views import release_moved_views as release
+
+    release(module)

@@ -223,12 +223,12 @@ def optimizer_step_bytes(job: JobSpec, phase: str) -> int:
 
 
 def _held_after_forward(job: JobSpec, c: Choice) -> int:
-    """Model-size copies a one-GPU trainer keeps after moving an offloaded model to the host, when FSDP1's
-    flat-parameter views still point at the old GPU tensor (JobSpec.stale_views; memory.orig_params avoids it
-    where it applies): the reference after each forward (FSDP1's CPUOffload), actor and critic after verl's param
-    offload. Measured on the H200 under fp32 with those views: the planned P40 trainer held the reference's copy
-    (benchmarks/results/p40_h200_resident_after_step_round_d.json: 24 decoder-layer blocks and the root,
-    allocated at FSDP's pre_unshard), the seed recipe's (all offloaded) two copies (+3.7 GiB; three counted)."""
+    """Model-size copies a one-GPU trainer keeps after moving an offloaded model to the host, where FSDP1's stale
+    views of the old GPU tensor survive (JobSpec.stale_views: upstream's behaviour, which verl_compat.fsdp_views
+    changes below sm_80): the reference after each forward (FSDP1's CPUOffload), actor and critic after verl's
+    param offload. Measured on the H200 under fp32 (benchmarks/results/p40_h200_resident_*_round_e.json): the
+    planned P40 trainer held the reference's copy (allocated at FSDP's pre_unshard), the seed recipe's (all
+    offloaded) the actor's and critic's (at verl's load_fsdp_model_to_gpu) and the reference's."""
     if not job.on_gpu or job.world != 1:
         return 0
     offloaded = {"ref": job.need_ref, "actor": c.actor_param_offload}

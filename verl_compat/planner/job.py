@@ -55,7 +55,7 @@ class JobSpec:
     use_dynamic_bsz: bool = False
     sync_bucket_bytes: int = 2048 << 20  # rollout.checkpoint_engine.update_weights_bucket_megabytes
     adam_step: tuple[str, str] = ("default", "default")  # (actor, critic): memory.optimizer_step's choices
-    # roles ("actor", "ref", "critic") whose GPU copy outlives a move to the host (memory.orig_params)
+    # roles ("actor", "ref", "critic") whose GPU copy outlives a move to the host (verl_compat.fsdp_views)
     stale_views: frozenset[str] = frozenset()
     settings: Mapping[str, Setting] = field(default_factory=dict)
 

@@ -47,21 +47,14 @@ def _decision(profile: DeviceProfile, category: str, key: str, value: Any, defau
     return Decision(category, key, value, defaulted, profile.describe(), reasons=tuple(reasons), upstream=upstream)
 
 
-def stale_views(decisions: Mapping[str, Decision], dtypes: Mapping[str, str]) -> frozenset[str]:
-    """The roles whose GPU copy outlives a move to the host: memory.orig_params kept FSDP1's flat-parameter
-    views (a user's explicit use_orig_params=False) where the leak applies (its alternative was acceptable). With
-    no decision recorded (a caller outside the policy), every role under fp32 compute."""
-    out = set()
-    for role, sfx in (("actor", ""), ("ref", ".ref"), ("critic", ".critic")):
-        d = decisions.get(f"memory.orig_params{sfx}")
-        if d is None:
-            train = dtypes.get("train.critic" if role == "critic" else "train")
-            stale = train in ("fp32", "float32")
-        else:
-            stale = d.value is False and any(c.value is True and c.accepted for c in d.candidates)
-        if stale:
-            out.add(role)
-    return frozenset(out)
+def stale_views(profile: DeviceProfile, dtypes: Mapping[str, str]) -> frozenset[str]:
+    """The roles whose GPU copy outlives a move to the host (verl_compat.fsdp_views): none below sm_80, where
+    the seam releases it; on sm_80+ (upstream's behaviour) every role trained in fp32."""
+    if not profile.is_ampere_or_newer:
+        return frozenset()
+    fp32 = ("fp32", "float32")
+    roles = {"actor": dtypes.get("train"), "ref": dtypes.get("train"), "critic": dtypes.get("train.critic")}
+    return frozenset(role for role, d in roles.items() if d in fp32)
 
 
 def plan_decisions(
@@ -85,7 +78,7 @@ def plan_decisions(
         if memory is None:
             raise ValueError(f"the memory of {profile.describe()} is unknown")
         adam = tuple(str(_value(decisions, f"memory.optimizer_step{r}", "default")) for r in ("", ".critic"))
-        stale = stale_views(decisions, dtypes)
+        stale = stale_views(profile, dtypes)
         job = JobSpec.from_verl_config(
             config,
             memory,

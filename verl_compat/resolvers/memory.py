@@ -65,35 +65,3 @@ def resolve_optimizer_step(request: Request, profile: DeviceProfile, registry: R
     """The AdamW implementation for one trained role; facts: optimizer, optimizer_impl, offload_policy,
     loss_scaling (fp16 compute)."""
     return choose(request, profile, OPTIMIZER_STEP_OPTIONS, registry=registry)
-
-
-# FSDP1 on one GPU (NO_SHARD) without param mixed precision (fp32 compute): moving an offloaded model's flat
-# parameters to the host (the reference's CPUOffload after each forward, verl's param offload of actor and critic)
-# makes a new tensor, but with use_orig_params=False the module's parameter attributes stay views of the old GPU
-# one, so each offloaded model keeps a full GPU copy (the P40 trainer's snapshot: 24 decoder-layer blocks and the
-# root, allocated at FSDP's pre_unshard, benchmarks/results/p40_h200_resident_after_step_round_d.json; the stale
-# view on CPU: tests/test_fsdp_views.py). Original-parameter views are re-pointed at every move. Under bf16/fp16
-# the views point into the low-precision copy, which FSDP frees itself.
-def _views_reasons(ctx: Context) -> list[Reason]:
-    reasons: list[Reason] = []
-    if ctx.profile.is_cpu:
-        reasons.append(soft("cpu_no_card", "the parameters stay in host memory: no GPU copy to free"))
-    strategy, param, master = ctx.fact("strategy"), ctx.fact("param_dtype"), ctx.fact("master_dtype")
-    if strategy != "fsdp":
-        why = f"strategy {strategy}: only FSDP1's flat-parameter views keep a moved copy alive"
-        reasons.append(soft("not_fsdp1", why, strategy, "fsdp"))
-    if param != master:
-        why = f"{param} compute over {master} weights: FSDP frees the low-precision copy these views point into"
-        reasons.append(soft("mixed_precision", why, param, master))
-    return reasons
-
-
-ORIG_PARAMS_OPTIONS = (
-    Option(True, _views_reasons, "original-parameter views: a model moved to the host frees its GPU copy", 10),
-    Option(False, why="FSDP1's flat-parameter views (upstream verl's default)", priority=20),
-)
-
-
-def resolve_orig_params(request: Request, profile: DeviceProfile, registry: Registry | None = None) -> Decision:
-    """fsdp_config.use_orig_params for one role; facts: strategy, param_dtype, master_dtype (short names)."""
-    return choose(request, profile, ORIG_PARAMS_OPTIONS, registry=registry)
