@@ -1,10 +1,12 @@
-"""How many helper processes verl starts: agent-loop workers, reward-loop workers, TransferQueue storage units.
+"""How many helper processes verl starts: reward-loop workers and TransferQueue storage units.
 
-Each is a fresh Ray process that imports torch, transformers and verl (7-15 s, all of them at once, competing
-with the rollout server's and the trainer's own imports: the start-up timelines in
-benchmarks/results/p40_h200_ppo_head_to_head_round_d.json) and holds its own host memory. Upstream's 8 of each
-is sized for an eight-GPU node; a one- or two-card machine needs one per GPU. sm_80+ keeps upstream's (the
-registry's identity rule); a value the user set is theirs.
+Each is a fresh Ray process that imports torch and verl during start-up and keeps them in host memory (after
+the imports alone: a reward-loop worker 403 MiB, a storage unit 473 MiB, benchmarks/helper_memory.py): upstream's 8 of each is an
+eight-GPU node's, and the seed recipe offloads parameters and optimizer state into that same host memory. One of
+each per GPU below sm_80 and on CPUs; sm_80+ keeps upstream's (the registry's identity rule); a value the user
+set is theirs. Agent-loop workers are not in the table: with one, a step's 32 requests reached the rollout over
+136-148 ms instead of 16-35 ms and generation took 23% longer than the engine's own span instead of 8%
+(benchmarks/results/p40_h200_ppo_head_to_head_round_{e,d}.json, rollout_stats).
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ from verl_compat.resolvers.registry import Option, Registry, Request, choose
 
 # config key -> (doctor name, what it counts, upstream's default, a legacy key that overrides it when set)
 HELPERS: dict[str, tuple[str, str, int, str | None]] = {
-    "actor_rollout_ref.rollout.agent.num_workers": ("platform.helpers.agent", "agent-loop workers", 8, None),
     "reward.num_workers": (
         "platform.helpers.reward",
         "reward-loop workers",
