@@ -13,6 +13,7 @@ from torch.distributed.fsdp import MixedPrecision, ShardingStrategy
 from verl_compat import fsdp_views, seams
 from verl_compat.catalog import get_profile
 from verl_compat.planner.resolve import stale_views
+from verl_compat.policy import compose_ppo_config, decide
 
 
 @pytest.fixture
@@ -91,6 +92,8 @@ def test_the_seam_runs_below_sm80_only(monkeypatch, profile, runs):
     monkeypatch.setattr(fsdp_views, "release_moved_views", lambda m: calls.append(m))
     seams.release_moved_views("module")
     assert calls == (["module"] if runs else [])
+    decisions, _ = decide(compose_ppo_config([]), get_profile(profile), [])  # the doctor's record says the same
+    assert decisions["memory.moved_views"].value == ("release" if runs else "keep")
 
 
 def test_the_planner_counts_the_copy_only_where_it_stays():

@@ -291,6 +291,9 @@ def _memory(plan: _Plan) -> None:
     util = plan.request("memory.gpu_memory_utilization", [f"{ROLLOUT}.gpu_memory_utilization"], 0.5, {"engine": engine})
     plan.add("memory.gpu_memory_utilization", memory.resolve_gpu_memory_utilization(util, p))
     _optimizer_step(plan)
+    # no config key sets it: a defaulted request with upstream's value (the seams ask the same)
+    views = Request("memory.moved_views", memory.MOVED_VIEWS_KEY, "keep", False, "keep")
+    plan.add("memory.moved_views", memory.resolve_moved_views(views, p, plan.registry))
     # offload, gradient checkpointing, micro-batches and the rollout batch: the memory planner
     planned, writes = memory.resolve_plan(plan.config, p, plan.requested.__contains__, plan.decisions)
     plan.decisions.update(planned)

@@ -294,11 +294,14 @@ def _cfg_get(cfg: Any, key: str, default: Any) -> Any:
 
 # Memory ---------------------------------------------------------------------------------------------------------
 def release_moved_views(module: Any) -> None:
-    """After verl moves an FSDP1 model's parameters to the host, or after a forward-only pass (FSDP1's
-    CPUOffload moves them back): free the GPU copy its stale views keep (verl_compat.fsdp_views). Below sm_80 and
-    on CPUs; sm_80+ keeps upstream's behaviour."""
-    if _profile().is_ampere_or_newer:
-        return
-    from verl_compat.fsdp_views import release_moved_views as release
+    """fsdp_utils.py:192 and transformer_impl.py:780: after verl moves an FSDP1 model's parameters to the host,
+    or after a pass (FSDP1's CPUOffload moves the reference back after its forward): free the GPU copy its stale
+    views keep (verl_compat.fsdp_views), where memory.moved_views says so (below sm_80; upstream's on sm_80+)."""
+    from verl_compat.resolvers import memory
 
-    release(module)
+    key = memory.MOVED_VIEWS_KEY
+    if _resolve(memory.resolve_moved_views, "memory.moved_views", key, "keep", "keep", settled=False) != "release":
+        return
+    from verl_compat import fsdp_views
+
+    fsdp_views.release_moved_views(module)

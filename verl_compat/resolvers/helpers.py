@@ -1,12 +1,12 @@
 """How many helper processes verl starts: reward-loop workers and TransferQueue storage units.
 
 Each is a fresh Ray process that imports torch and verl during start-up and keeps them in host memory (after
-the imports alone: a reward-loop worker 403 MiB, a storage unit 473 MiB, benchmarks/helper_memory.py): upstream's 8 of each is an
-eight-GPU node's, and the seed recipe offloads parameters and optimizer state into that same host memory. One of
-each per GPU below sm_80 and on CPUs; sm_80+ keeps upstream's (the registry's identity rule); a value the user
-set is theirs. Agent-loop workers are not in the table: with one, a step's 32 requests reached the rollout over
-136-148 ms instead of 16-35 ms and generation took 23% longer than the engine's own span instead of 8%
-(benchmarks/results/p40_h200_ppo_head_to_head_round_{e,d}.json, rollout_stats).
+the imports alone: a reward-loop worker 403 MiB, a storage unit 473 MiB; benchmarks/helper_memory.py).
+Upstream's 8 of each is an eight-GPU node's, and the seed recipe offloads parameters and optimizer state into
+that same host memory. One of each per GPU below sm_80 and on CPUs; sm_80+ keeps upstream's (the registry's
+identity rule); a value the user set is theirs. Agent-loop workers are not in the table: with one, a step's 32
+requests reached the rollout over 136-148 ms instead of 16-35 ms and generation took 23% longer than the
+engine's own span instead of 8% (benchmarks/results/p40_h200_ppo_head_to_head_round_{e,d}.json, rollout_stats).
 """
 
 from __future__ import annotations

@@ -65,3 +65,21 @@ def resolve_optimizer_step(request: Request, profile: DeviceProfile, registry: R
     """The AdamW implementation for one trained role; facts: optimizer, optimizer_impl, offload_policy,
     loss_scaling (fp16 compute)."""
     return choose(request, profile, OPTIMIZER_STEP_OPTIONS, registry=registry)
+
+
+# FSDP1 on one GPU (NO_SHARD) in full precision: a model moved to the host (the reference's CPUOffload after each
+# forward, verl's param offload) keeps its GPU copy through stale views (verl_compat.fsdp_views). No config key.
+MOVED_VIEWS_KEY = "FSDP1's views of a model moved to the host (no config key)"
+MOVED_VIEWS_OPTIONS = (
+    Option(
+        "release",
+        why="re-point them at the host tensor, so the model's GPU copy is freed (verl_compat.fsdp_views)",
+        priority=10,
+    ),
+    Option("keep", why="upstream: they keep the old GPU tensor until the next forward", priority=20),
+)
+
+
+def resolve_moved_views(request: Request, profile: DeviceProfile, registry: Registry | None = None) -> Decision:
+    """What happens to FSDP1's stale views after a move to the host; upstream: 'keep'."""
+    return choose(request, profile, MOVED_VIEWS_OPTIONS, registry=registry)
