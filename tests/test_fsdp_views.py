@@ -97,7 +97,9 @@ def test_the_seam_runs_below_sm80_only(monkeypatch, profile, runs):
 
 
 def test_the_planner_counts_the_copy_only_where_it_stays():
-    fp32 = {"train": "fp32", "train.critic": "fp32"}
-    assert stale_views(get_profile("p40"), fp32) == frozenset()
-    assert stale_views(get_profile("a100"), fp32) == {"actor", "ref", "critic"}
-    assert stale_views(get_profile("a100"), {"train": "bf16", "train.critic": "bf16"}) == frozenset()
+    fp32, bf16 = {"train": "fp32", "train.critic": "fp32"}, {"train": "bf16", "train.critic": "bf16"}
+    for profile, stale in (("p40", frozenset()), ("a100", {"actor", "ref", "critic"})):
+        decisions, _ = decide(compose_ppo_config([]), get_profile(profile), [])
+        assert stale_views(decisions, fp32) == stale
+        assert stale_views(decisions, bf16) == frozenset()
+    assert stale_views({}, fp32) == {"actor", "ref", "critic"}  # no decision: upstream's behaviour

@@ -47,10 +47,10 @@ def _decision(profile: DeviceProfile, category: str, key: str, value: Any, defau
     return Decision(category, key, value, defaulted, profile.describe(), reasons=tuple(reasons), upstream=upstream)
 
 
-def stale_views(profile: DeviceProfile, dtypes: Mapping[str, str]) -> frozenset[str]:
-    """The roles whose GPU copy outlives a move to the host (verl_compat.fsdp_views): none below sm_80, where
-    the seam releases it; on sm_80+ (upstream's behaviour) every role trained in fp32."""
-    if not profile.is_ampere_or_newer:
+def stale_views(decisions: Mapping[str, Decision], dtypes: Mapping[str, str]) -> frozenset[str]:
+    """The roles whose GPU copy outlives a move to the host (verl_compat.fsdp_views): none where
+    memory.moved_views releases it, else every role trained in fp32 (upstream's behaviour)."""
+    if _value(decisions, "memory.moved_views", "keep") == "release":
         return frozenset()
     fp32 = ("fp32", "float32")
     roles = {"actor": dtypes.get("train"), "ref": dtypes.get("train"), "critic": dtypes.get("train.critic")}
@@ -78,7 +78,7 @@ def plan_decisions(
         if memory is None:
             raise ValueError(f"the memory of {profile.describe()} is unknown")
         adam = tuple(str(_value(decisions, f"memory.optimizer_step{r}", "default")) for r in ("", ".critic"))
-        stale = stale_views(profile, dtypes)
+        stale = stale_views(decisions, dtypes)
         job = JobSpec.from_verl_config(
             config,
             memory,
