@@ -103,3 +103,18 @@ def test_the_planner_counts_the_copy_only_where_it_stays():
         assert stale_views(decisions, fp32) == stale
         assert stale_views(decisions, bf16) == frozenset()
     assert stale_views({}, fp32) == {"actor", "ref", "critic"}  # no decision: upstream's behaviour
+
+
+def test_verls_own_offload_asks_the_seam(one_rank, monkeypatch):
+    """patch 0016: verl's offload_fsdp_model_to_cpu ends by releasing the moved model's views."""
+    from verl.utils.fsdp_utils import offload_fsdp_model_to_cpu
+
+    released = []
+    real = fsdp_views.release_moved_views
+    monkeypatch.setattr(seams, "_profile", lambda: get_profile("p40"))
+    monkeypatch.setattr(fsdp_views, "release_moved_views", lambda m: released.append(real(m)))
+    fsdp = _fsdp(False)
+    with torch.no_grad():
+        fsdp(torch.randn(2, 8))
+    offload_fsdp_model_to_cpu(fsdp, empty_cache=False)
+    assert released == [1]
