@@ -3,7 +3,8 @@ PYTHONPATH, every Python process of the job (driver, Ray's TaskRunner, workers, 
 line per call of the functions in WATCH (start, end, pid, process) as their modules are imported. Nothing of
 verl is edited; without the variable this file does nothing. The steady-state entries (engine forward/backward,
 log-probs, entropy, the model's forward) are per micro-batch; with VERL_COMPAT_TRACE_SYNC=1 each call waits for
-the GPU before and after, so their durations are the GPU's time (and the step is a little slower)."""
+the GPU before and after, so their durations are the GPU's time (and the step is a little slower). Two more
+diagnostics of the trainer: VERL_COMPAT_MEMORY_SNAPSHOT and VERL_COMPAT_TORCH_PROFILE (below)."""
 
 import importlib.abc
 import importlib.util
@@ -125,6 +126,75 @@ def _before(name):
         _record_history()
 
 
+# VERL_COMPAT_TORCH_PROFILE=FILE: the trainer runs its second actor update (a training forward_backward_batch of
+# the LM-head engine, global step 2) under torch.profiler and writes the ops by their own device time to FILE:
+# where update_actor's time goes, by kernel (host spans only show where the GPU is waited for).
+_PROFILE = os.environ.get("VERL_COMPAT_TORCH_PROFILE")
+_UPDATES = {"n": 0}
+PROFILE_ROWS = 40
+
+
+def _is_actor_update(name, a, k):
+    if not name.endswith("FSDPEngine.forward_backward_batch") or not a or "LMHead" not in type(a[0]).__name__:
+        return False
+    return not k.get("forward_only", a[3] if len(a) > 3 else False)
+
+
+def _profiled(fn, a, k):
+    import torch
+
+    acts = [torch.profiler.ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        acts.append(torch.profiler.ProfilerActivity.CUDA)
+    t0 = time.time()
+    with torch.profiler.profile(activities=acts) as prof:
+        out = fn(*a, **k)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+    wall = time.time() - t0
+    try:
+        _write_profile(prof, wall)
+    except Exception as exc:  # noqa: BLE001 - a diagnostic must not end the job
+        with open(_PROFILE, "w") as f:
+            json.dump({"error": repr(exc)}, f)
+    return out
+
+
+def _write_profile(prof, wall):
+    rows = []
+    for e in prof.key_averages():
+        device = getattr(e, "self_device_time_total", None)
+        if device is None:
+            device = getattr(e, "self_cuda_time_total", 0)
+        rows.append(
+            {
+                "name": e.key,
+                "calls": e.count,
+                "self_device_ms": device / 1e3,
+                "self_cpu_ms": e.self_cpu_time_total / 1e3,
+            }
+        )
+    total_device = sum(r["self_device_ms"] for r in rows)
+    rows.sort(key=lambda r: (-r["self_device_ms"], -r["self_cpu_ms"]))
+    out = {
+        "pid": os.getpid(),
+        "wall_s": wall,
+        "self_device_ms_total": total_device,
+        "kernel_launches": sum(r["calls"] for r in rows if r["self_device_ms"] > 0),
+        "ops": rows[:PROFILE_ROWS],
+    }
+    with open(_PROFILE, "w") as f:
+        json.dump(out, f, indent=1)
+
+
+def _call(name, fn, a, k):
+    if _PROFILE and _is_actor_update(name, a, k):
+        _UPDATES["n"] += 1
+        if _UPDATES["n"] == 2:
+            return _profiled(fn, a, k)
+    return fn(*a, **k)
+
+
 def _emit(name, t0, t1):
     rec = {
         "pid": os.getpid(),
@@ -164,7 +234,7 @@ def _wrap(fn, name):
         _sync()
         t0 = time.time()
         try:
-            return fn(*a, **k)
+            return _call(name, fn, a, k)
         finally:
             _sync()
             _emit(name, t0, time.time())
