@@ -19,6 +19,17 @@ ACTOR_ATTENTION = f"{MODEL_ROLES[ACTOR]}.override_config.attn_implementation"
 CRITIC_ATTENTION = f"{MODEL_ROLES[CRITIC]}.override_config.attn_implementation"
 
 
+def trainer_gpus(config) -> int:
+    """GPUs (FSDP ranks) of the trainer pool: trainer.n_gpus_per_node x trainer.nnodes (1 each where unset)."""
+    from omegaconf import OmegaConf
+
+    def get(key: str, default: int) -> int:
+        value = OmegaConf.select(config, key, default=None)
+        return default if value is None else int(value)
+
+    return get("trainer.n_gpus_per_node", 1) * get("trainer.nnodes", 1)
+
+
 def fsdp_keys(suffix: str) -> str:
     """A key of every role's FSDP engine config, for seams that run in an engine that does not know its role:
     'actor_rollout_ref.actor.fsdp_config.X | actor_rollout_ref.ref.fsdp_config.X | critic.fsdp.X'."""

@@ -14,7 +14,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from verl_compat.config_keys import ACTOR, CRITIC, FSDP_ROLES, MODEL_ROLES, ROLLOUT
+from verl_compat.config_keys import ACTOR, CRITIC, FSDP_ROLES, MODEL_ROLES, ROLLOUT, trainer_gpus
 from verl_compat.decision import Decision
 from verl_compat.profile import DeviceProfile
 from verl_compat.resolvers import attention, dtype, helpers, kernels, memory, placement, rollout_engine
@@ -122,9 +122,10 @@ def _placement(plan: _Plan) -> None:
         key = f"{FSDP_ROLES[role][1]}.strategy"
         decision = placement.resolve_strategy(plan.request("platform.strategy", [key], "fsdp"), p, plan.registry)
         plan.add(f"platform.strategy{_sfx(role)}", decision, key)
-    gpus = int(_get(plan.config, "trainer.n_gpus_per_node") or 1) * int(_get(plan.config, "trainer.nnodes") or 1)
-    for key, (name, _, upstream, legacy) in helpers.HELPERS.items():  # they share the host: the card's policy
-        request = plan.request("platform.helpers", [key, *([legacy] if legacy else [])], upstream, {"gpus": gpus})
+    gpus = trainer_gpus(plan.config)
+    for key, (name, what, upstream, legacy) in helpers.HELPERS.items():  # they share the host: the card's policy
+        facts = {"gpus": gpus, "what": what}
+        request = plan.request("platform.helpers", [key, *([legacy] if legacy else [])], upstream, facts)
         plan.add(name, helpers.resolve_helpers(request, plan.profile, plan.registry), key)
 
 

@@ -92,7 +92,9 @@ def _is_requested(key: str, value: Any, requested: Any, upstream: Any) -> bool:
 
 def worker_processes(config: Any) -> int:
     """Worker processes in the resource pools (one bundle each): the trainer pool plus separate reward/teacher pools."""
-    n = int(_select(config, "trainer.n_gpus_per_node", 1)) * int(_select(config, "trainer.nnodes", 1))
+    from verl_compat.config_keys import trainer_gpus
+
+    n = trainer_gpus(config)
     if _select(config, "reward.reward_model.enable", False) and _select(
         config, "reward.reward_model.enable_resource_pool", False
     ):

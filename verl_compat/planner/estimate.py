@@ -189,7 +189,7 @@ def trainer_phases(job: JobSpec, c: Choice) -> list[Phase]:
         p.parts["actor optimizer (resident)"] = pa * m * ADAM_STATES
     p.parts |= others("actor")
     phases.append(p)
-    held = _held_after_forward(job, c)
+    held = _kept_by_stale_views(job, c)
     for ph in phases:
         if held:
             ph.parts["GPU copies of offloaded models kept by FSDP1 views"] = held
@@ -222,7 +222,7 @@ def optimizer_step_bytes(job: JobSpec, phase: str) -> int:
     return params // job.world * job.master_bytes
 
 
-def _held_after_forward(job: JobSpec, c: Choice) -> int:
+def _kept_by_stale_views(job: JobSpec, c: Choice) -> int:
     """Model-size copies a one-GPU trainer keeps after moving an offloaded model to the host, where FSDP1's stale
     views of the old GPU tensor survive (JobSpec.stale_views: upstream's behaviour, which verl_compat.fsdp_views
     changes below sm_80): the reference after each forward (FSDP1's CPUOffload), actor and critic after verl's

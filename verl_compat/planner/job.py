@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from verl_compat.config_keys import trainer_gpus
 from verl_compat.planner import keys as K
 from verl_compat.planner.shape import ModelShape
 
@@ -123,7 +124,7 @@ class JobSpec:
         if need_critic:
             critic_path = os.path.expanduser(str(get("critic.model.path", actor_path) or actor_path))
             critic = actor if critic_path == actor_path else load_for("critic.model.path", critic_path)
-        world = int(get("trainer.nnodes", 1)) * int(get("trainer.n_gpus_per_node", 1))
+        world = trainer_gpus(config)
         settings = {k: Setting(OmegaConf.select(config, k, default=None), is_requested(k)) for k in K.PLANNED_KEYS}
         train_batch = int(get("data.train_batch_size", 1))
         mini = int(get("actor_rollout_ref.actor.ppo_mini_batch_size", train_batch))

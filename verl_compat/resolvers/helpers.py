@@ -28,15 +28,11 @@ HELPERS: dict[str, tuple[str, str, int, str | None]] = {
 }
 
 
-def per_gpu(upstream: int, gpus: int) -> int:
-    return max(1, min(upstream, gpus))
-
-
 def resolve_helpers(request: Request, profile: DeviceProfile, registry: Registry | None = None) -> Decision:
-    """One HELPERS key; fact: gpus (trainer.n_gpus_per_node x trainer.nnodes)."""
-    _, what, upstream, _ = HELPERS.get(request.key, (None, request.key, request.upstream, None))
-    count = per_gpu(int(upstream), int(request.facts.get("gpus", 1)))
-    options = (Option(count, why=f"{what}: one per GPU for {request.facts.get('gpus', 1)} GPU(s)", priority=10),)
+    """One HELPERS key; facts: gpus (config_keys.trainer_gpus), what (what the key counts)."""
+    upstream, gpus, what = int(request.upstream), int(request.facts.get("gpus", 1)), request.facts.get("what", "")
+    count = max(1, min(upstream, gpus))
+    options = (Option(count, why=f"{what}: one per GPU for {gpus} GPU(s)", priority=10),)
     if count != upstream:
         options += (Option(upstream, why=f"upstream's {upstream} {what} (an eight-GPU node's)", priority=20),)
     return choose(request, profile, options, registry=registry)
