@@ -1,5 +1,6 @@
-"""The tracer's torch profile of one actor update (benchmarks/startup_trace, VERL_COMPAT_TORCH_PROFILE): only the
-second training pass of the LM-head engine is profiled, and the file lists the ops that ran in it."""
+"""The tracer's torch profiles (benchmarks/startup_trace, VERL_COMPAT_TORCH_PROFILE): the second call of each
+engine pass (actor update and log-prob, reference, critic update and values) is profiled, and the file lists the
+ops that ran in each, keyed by pass."""
 
 from __future__ import annotations
 
@@ -32,16 +33,33 @@ def _pass(engine, data, loss_function, forward_only=False):
     return torch.linalg.matrix_power(data, 3).sum()
 
 
-def test_the_second_actor_update_is_profiled(tmp_path):
+class _RefConfig:
+    forward_only = True
+
+
+class RefEngine(FSDPEngineWithLMHead):
+    engine_config = _RefConfig()
+
+
+def test_the_second_call_of_each_pass_is_profiled(tmp_path):
     tracer, out = _tracer(), tmp_path / "profile.json"
     tracer._PROFILE = str(out)
     x = torch.randn(16, 16)
-    tracer._call(NAME, _pass, (FSDPEngineWithLMHead(), x, None, True), {})  # a forward-only pass: not counted
-    tracer._call(NAME, _pass, (FSDPEngineWithValueHead(), x, None), {})  # the critic's: not counted
-    tracer._call(NAME, _pass, (FSDPEngineWithLMHead(), x, None), {"forward_only": False})
+    tracer._call(NAME, _pass, (FSDPEngineWithLMHead(), x, None, True), {})  # actor log-prob, first call
+    tracer._call(NAME, _pass, (RefEngine(), x, None, True), {})  # reference, first call
+    tracer._call(NAME, _pass, (FSDPEngineWithValueHead(), x, None), {})  # critic update, first call
+    tracer._call(NAME, _pass, (FSDPEngineWithLMHead(), x, None), {"forward_only": False})  # actor update, first
+    tracer._call("some.other.function", _pass, (FSDPEngineWithLMHead(), x, None), {})  # not an engine pass
     assert not out.exists()
     assert tracer._call(NAME, _pass, (FSDPEngineWithLMHead(), x, None), {}) == _pass(None, x, None)
-    profile = json.loads(out.read_text())
-    assert profile["wall_s"] > 0 and any("matmul" in op["name"] or "mm" in op["name"] for op in profile["ops"])
-    tracer._call(NAME, _pass, (FSDPEngineWithLMHead(), x, None), {})  # only once
-    assert json.loads(out.read_text()) == profile
+    passes = json.loads(out.read_text())["passes"]
+    assert list(passes) == ["actor.train"]
+    assert passes["actor.train"]["wall_s"] > 0
+    assert any("matmul" in op["name"] or "mm" in op["name"] for op in passes["actor.train"]["ops"])
+    tracer._call(NAME, _pass, (RefEngine(), x, None), {"forward_only": True})
+    tracer._call(NAME, _pass, (FSDPEngineWithValueHead(), x, None), {})
+    passes = json.loads(out.read_text())["passes"]
+    assert sorted(passes) == ["actor.train", "critic.train", "ref.forward"]
+    first = passes["actor.train"]
+    tracer._call(NAME, _pass, (FSDPEngineWithLMHead(), x, None), {})  # a third update: not profiled again
+    assert json.loads(out.read_text())["passes"]["actor.train"] == first

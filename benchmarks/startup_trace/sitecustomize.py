@@ -126,21 +126,30 @@ def _before(name):
         _record_history()
 
 
-# VERL_COMPAT_TORCH_PROFILE=FILE: the trainer runs its second actor update (a training forward_backward_batch of
-# the LM-head engine, global step 2) under torch.profiler and writes the ops by their own device time to FILE:
-# where update_actor's time goes, by kernel (host spans only show where the GPU is waited for).
+# VERL_COMPAT_TORCH_PROFILE=FILE: the trainer runs the second call of each engine pass (actor update, actor
+# log-prob, reference, critic update, values) under torch.profiler and writes each pass's ops by their own device
+# time to FILE, keyed by pass: where each phase's time goes, by kernel (host spans only show where the GPU is
+# waited for).
 _PROFILE = os.environ.get("VERL_COMPAT_TORCH_PROFILE")
-_UPDATES = {"n": 0}
+_PASSES = {}
+_PROFILES = {}
 PROFILE_ROWS = 40
 
 
-def _is_actor_update(name, a, k):
-    if not name.endswith("FSDPEngine.forward_backward_batch") or not a or "LMHead" not in type(a[0]).__name__:
-        return False
-    return not k.get("forward_only", a[3] if len(a) > 3 else False)
+def _pass_label(name, a, k):
+    """'actor.train', 'actor.forward', 'ref.forward', 'critic.train', 'critic.forward'; None for other calls."""
+    if not name.endswith("FSDPEngine.forward_backward_batch") or not a:
+        return None
+    engine = a[0]
+    forward_only = k.get("forward_only", a[3] if len(a) > 3 else False)
+    if getattr(getattr(engine, "engine_config", None), "forward_only", False):
+        role = "ref"
+    else:
+        role = "critic" if "ValueHead" in type(engine).__name__ else "actor"
+    return f"{role}.{'forward' if forward_only else 'train'}"
 
 
-def _profiled(fn, a, k):
+def _profiled(label, fn, a, k):
     import torch
 
     acts = [torch.profiler.ProfilerActivity.CPU]
@@ -153,14 +162,15 @@ def _profiled(fn, a, k):
             torch.cuda.synchronize()
     wall = time.time() - t0
     try:
-        _write_profile(prof, wall)
+        _PROFILES[label] = _summary(prof, wall)
     except Exception as exc:  # noqa: BLE001 - a diagnostic must not end the job
-        with open(_PROFILE, "w") as f:
-            json.dump({"error": repr(exc)}, f)
+        _PROFILES[label] = {"error": repr(exc)}
+    with open(_PROFILE, "w") as f:
+        json.dump({"pid": os.getpid(), "passes": _PROFILES}, f, indent=1)
     return out
 
 
-def _write_profile(prof, wall):
+def _summary(prof, wall):
     rows = []
     for e in prof.key_averages():
         device = getattr(e, "self_device_time_total", None)
@@ -176,22 +186,20 @@ def _write_profile(prof, wall):
         )
     total_device = sum(r["self_device_ms"] for r in rows)
     rows.sort(key=lambda r: (-r["self_device_ms"], -r["self_cpu_ms"]))
-    out = {
-        "pid": os.getpid(),
+    return {
         "wall_s": wall,
         "self_device_ms_total": total_device,
         "kernel_launches": sum(r["calls"] for r in rows if r["self_device_ms"] > 0),
         "ops": rows[:PROFILE_ROWS],
     }
-    with open(_PROFILE, "w") as f:
-        json.dump(out, f, indent=1)
 
 
 def _call(name, fn, a, k):
-    if _PROFILE and _is_actor_update(name, a, k):
-        _UPDATES["n"] += 1
-        if _UPDATES["n"] == 2:
-            return _profiled(fn, a, k)
+    label = _pass_label(name, a, k) if _PROFILE else None
+    if label is not None:
+        _PASSES[label] = _PASSES.get(label, 0) + 1
+        if _PASSES[label] == 2:
+            return _profiled(label, fn, a, k)
     return fn(*a, **k)
 
 
