@@ -199,3 +199,40 @@ def test_fp16_overflow_step_is_skipped_and_master_weights_stay_fp32(
     trained = params_snapshot(engine.module)
     assert any(not torch.equal(after[n], trained[n]) for n in after)
     assert all(torch.isfinite(t).all() and t.dtype == torch.float32 for t in trained.values())
+
+
+@pytest.mark.parametrize("profile", ["p40", "t4"], indirect=True)
+def test_the_fused_head_gives_upstreams_log_probs_and_trains(
+    profile: str, tiny_model: Path, single_rank: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """kernels.fused "torch" (the memory plan's choice where it lets micro-batches grow): verl's FusedLinearForPPO
+    through verl's own engine gives the unfused path's log-probs and entropy, and its update trains."""
+    from transformers.models.llama.modeling_llama import LlamaForCausalLM
+
+    from verl.workers.engine_workers import ActorRolloutRefWorker
+
+    # verl patches the model CLASS's forward for the fused head (one config per worker process); here both
+    # variants share a process, so each starts from transformers' forward and the test leaves it restored
+    original = LlamaForCausalLM.forward
+    fields = padded_batch(vocab_size=90, seed=3)
+    results = {}
+    for fused in (False, True):
+        monkeypatch.setattr(LlamaForCausalLM, "forward", original)
+        extra = [f"actor_rollout_ref.model.use_fused_kernels={str(fused).lower()}"]
+        extra += ["actor_rollout_ref.model.fused_kernel_options.impl_backend=torch"]
+        config = compose_ppo_config([*overrides(tiny_model), *extra])
+        actor = ActorRolloutRefWorker(config=config.actor_rollout_ref, role="actor")
+        actor.init_model()
+        assert (getattr(actor.actor.engine.module, "_verl_fused_kernels_backend", None) == "torch") is fused
+        td = to_engine_input(fields, calculate_entropy=True, compute_loss=False)
+        out = actor.compute_log_prob(td)
+        results[fused] = (padded(out, "log_probs", td).float(), padded(out, "entropy", td).float())
+        if fused:
+            before = params_snapshot(actor.actor.engine.module)
+            actor.update_actor(actor_update_input(fields, results[fused][0], results[fused][0]))
+            after = params_snapshot(actor.actor.engine.module)
+            assert any(not torch.equal(before[n], after[n]) for n in before)
+    mask = fields["response_mask"].bool()
+    tol = {"rtol": 1e-5, "atol": 1e-5} if profile == "p40" else {"rtol": 2e-2, "atol": 2e-2}  # t4: fp16 compute
+    torch.testing.assert_close(results[True][0][mask], results[False][0][mask], **tol)
+    torch.testing.assert_close(results[True][1][mask], results[False][1][mask], **tol)

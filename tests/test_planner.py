@@ -178,3 +178,31 @@ def test_the_model_shape_is_read_from_config_json_without_weights(tmp_path):
     assert ModelShape.from_path(str(folder)) == ModelShape.from_config(config_dict("1.5B"))
     with pytest.raises(FileNotFoundError, match="no model folder"):
         ModelShape.from_path(str(tmp_path / "missing"))
+
+
+def test_the_fused_head_holds_one_chunk_of_logits_whatever_the_micro_batch():
+    from verl_compat.planner.estimate import Choice, phase_activations
+
+    job = _job("p40", "0.5B", "ppo_gae_kl_reward")
+    base = Choice(1, 1, 1, 1, 1, False, False, False, False, True, True, 32)
+    fused = dataclasses.replace(base, fused_head=True)
+    for phase in ("update_actor", "old_log_prob", "ref"):
+        unfused_1, fused_1 = phase_activations(job, phase, 1, base), phase_activations(job, phase, 1, fused)
+        unfused_32, fused_32 = phase_activations(job, phase, 32, base), phase_activations(job, phase, 32, fused)
+        assert fused_32 < unfused_32 / 4, phase  # 32 sequences' logits against one 512-token chunk
+        assert fused_32 < 3 * fused_1, phase  # the chunk is fixed; only hidden states grow with the batch
+        if phase == "update_actor":
+            assert fused_1 > unfused_1  # one sequence's logits need less than the chunk's work tensors
+
+
+def test_the_plan_takes_the_fused_head_where_it_lets_micro_batches_grow_and_leaves_it_where_it_costs():
+    p40 = plan_job(_job("p40", "0.5B", "ppo_gae_kl_reward").with_(fused_head="free"), "p40")
+    assert p40.choice.fused_head and p40.choice.logprob_micro > 4
+    unfused = plan_job(_job("p40", "0.5B", "ppo_gae_kl_reward"), "p40")  # the head left off: as before
+    assert not unfused.choice.fused_head and unfused.choice.logprob_micro < p40.choice.logprob_micro
+    assert any(line.startswith("actor head: fused") for line in p40.table())
+    # a T4's 15 GB: the update runs one sequence per micro-batch, where the chunk would hold more
+    t4 = plan_job(_job("t4", "0.5B", "ppo_gae_kl_reward").with_(fused_head="free"), "t4")
+    assert not t4.choice.fused_head and t4.choice.actor_micro == 1
+    forced = plan_job(_job("t4", "0.5B", "ppo_gae_kl_reward").with_(fused_head="on"), "t4")
+    assert forced.choice.fused_head  # a user's choice is kept

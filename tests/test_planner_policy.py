@@ -7,6 +7,7 @@ import json
 import types
 
 import pytest
+from omegaconf import OmegaConf
 from planner_shapes import write_config
 
 from verl_compat.catalog import get_profile
@@ -54,8 +55,10 @@ def test_p40_gets_a_plan_for_every_value_left_unset(job_overrides):
 def test_a_value_the_user_set_is_kept_or_refused_at_start_up(job_overrides):
     _, decisions, writes = _decide("p40", [*job_overrides, f"{K.ACTOR_MICRO}=2"])
     assert K.ACTOR_MICRO not in writes and decisions[f"memory.{K.ACTOR_MICRO}"].value == 2
+    # the logits of 32 sequences (the user turned the fused head off, which is kept) cannot fit
+    unfused = "actor_rollout_ref.model.use_fused_kernels=false"
     with pytest.raises(PlanError, match=rf"kept as set: {K.ACTOR_MICRO}=32.*Smallest change that fits: set "):
-        _decide("p40", [*job_overrides, f"{K.ACTOR_MICRO}=32", f"{K.LOGPROB_MICRO}=32"])
+        _decide("p40", [*job_overrides, unfused, f"{K.ACTOR_MICRO}=32", f"{K.LOGPROB_MICRO}=32"])
 
 
 def test_sm80_keeps_upstream_values_and_plans_only_auto(job_overrides):
@@ -135,3 +138,18 @@ def test_the_users_optimizer_settings_are_kept(job_overrides):
     torchao = "actor_rollout_ref.actor.optim.optimizer_impl=torchao.optim"
     _, decisions, writes = _decide("p40", [*job_overrides, torchao])
     assert ACTOR_OPT not in writes and decisions["memory.optimizer_step"].value == "default"
+
+
+def test_the_plans_fused_head_is_one_decision_and_both_of_verls_keys(job_overrides):
+    config, decisions, writes = _decide("p40", job_overrides)
+    assert decisions["kernels.fused"].value == "torch"
+    assert any(r.startswith("memory plan: the fused head") for r in decisions["kernels.fused"].reasons)
+    assert writes["actor_rollout_ref.model.use_fused_kernels"] is True
+    backend = "actor_rollout_ref.model.fused_kernel_options.impl_backend"  # verl's default is torch already
+    assert writes.get(backend, OmegaConf.select(config, backend)) == "torch"
+    assert "critic.model.use_fused_kernels" not in writes and decisions["kernels.fused.critic"].value == "off"
+    _, decisions, writes = _decide("p40", [*job_overrides, "actor_rollout_ref.model.use_fused_kernels=false"])
+    assert decisions["kernels.fused"].value == "off" and not decisions["kernels.fused"].defaulted
+    assert "actor_rollout_ref.model.use_fused_kernels" not in writes
+    _, decisions, writes = _decide("a100", job_overrides)
+    assert decisions["kernels.fused"].value == "off" and "actor_rollout_ref.model.use_fused_kernels" not in writes

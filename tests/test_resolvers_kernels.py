@@ -70,6 +70,24 @@ def test_fused_triton_backend_refused_on_p40_torch_backend_fine() -> None:
     assert fused("cpu", "torch").value == "torch"
 
 
+def test_fused_torch_head_is_the_default_only_below_sm80_on_gpus_and_only_for_the_lm() -> None:
+    def default(name: str, lm_head: bool = True):
+        key = "actor_rollout_ref.model.use_fused_kernels"
+        request = Request("kernels.fused", key, "off", False, "off", facts={"lm_head": lm_head})
+        return kernels.resolve_fused(request, get_profile(name))
+
+    for name in ("p40", "v100", "t4"):
+        assert default(name).value == "torch" and default(name).defaulted
+        assert default(name, lm_head=False).value == "off"  # the critic's value head
+    assert default("cpu").value == "off"
+    assert any("host memory" in r for c in default("cpu").candidates for r in c.reasons)
+    a100 = default("a100")
+    assert a100.value == "off" and a100.identity  # upstream's
+    # a user's "off" below sm_80 is kept
+    kept = kernels.resolve_fused(Request("kernels.fused", "k", "off", True, "off"), get_profile("p40"))
+    assert kept.value == "off" and not kept.defaulted
+
+
 def test_liger_refused_on_p40_and_cpu() -> None:
     for name in ("p40", "cpu"):
         with pytest.raises(IncompatibleRequestError) as e:

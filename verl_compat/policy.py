@@ -239,7 +239,8 @@ def _kernels(plan: _Plan) -> None:
         value = (_get(plan.config, backend_key) or "torch") if on else "off"
         asked = use_key in plan.requested or (on and backend_key in plan.requested)
         key = backend_key if on and backend_key in plan.requested else use_key
-        req = Request("kernels.fused", key, value, asked, "off")
+        req = Request("kernels.fused", key, value, asked, "off", facts={"lm_head": role == ACTOR})
+        # a defaulted "torch" (the actor, below sm_80) is the memory plan's to take or leave: it writes the keys
         plan.add(f"kernels.fused{_sfx(role)}", kernels.resolve_fused(req, p, plan.registry))
         liger_key = f"{model}.use_liger"
         plan.add(

@@ -16,6 +16,9 @@ Activation sizes per token (worst case: every sequence at prompt + response leng
   (on CUDA more, as measured: see _forward_acts);
 - the update: logits, their gradient and two fp32 work rows of the vocabulary width per token (with
   checkpointing: the larger of that and one recomputed layer).
+With the fused head (Choice.fused_head: kernels.fused "torch") the vocabulary-wide tensors are those of one
+512-token chunk, whatever the micro-batch (FUSED_CHUNK): more than the logits of one 512-token sequence, far less
+than those of several.
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ class Choice:
     actor_gc: bool
     critic_gc: bool
     rollout_batch: int  # sequences per generate call
+    fused_head: bool = False  # the actor's log-probs by verl's fused torch head (kernels.fused "torch")
 
 
 @dataclass
@@ -74,16 +78,42 @@ class Phase:
         return sum(self.parts.values())
 
 
-def _train_acts(shape: ModelShape, tokens: int, b: int, gc: bool, lm_head: bool, entropy: bool) -> int:
+# verl's FusedLinearForPPO (kernels.fused "torch") projects this many tokens at a time (dense_common.py builds it
+# with its default chunk_size); its work tensors are per chunk, not per micro-batch.
+FUSED_CHUNK = 512
+
+
+def _fused_head_bytes(shape: ModelShape, tokens: int, b: int, train: bool, entropy: bool) -> int:
+    """The fused head's transient, per entry of one chunk's (chunk x vocab) logits. Forward: the logits (plus an
+    fp32 copy under 16-bit compute), the softmax, its product with the logits and log-softmax. Backward (the chunk
+    recomputed): the logits, softmax, one-hot labels, their difference and its scaled copy, the entropy's terms
+    when the entropy is in the loss, and the gradient cast back to the compute dtype."""
+    half = b < 4
+    if train:
+        per_entry = b + (4 + b if half else 0) + 16 + (12 if entropy else 0)
+    else:
+        per_entry = b + (4 if half else 0) + 16
+    return min(tokens, FUSED_CHUNK) * shape.vocab * per_entry
+
+
+def _train_acts(shape: ModelShape, tokens: int, b: int, gc: bool, lm_head: bool, entropy: bool, fused=False) -> int:
     per_layer = shape.saved_activation_elems_per_token_layer() * b
-    head = shape.vocab * (2 * b + 8 + (8 if entropy else 0)) if lm_head else 2 * shape.hidden * b
+    if lm_head and fused:  # per token only the hidden state and the fp32 log-prob/entropy (and their gradients)
+        head_tokens, head_fixed = 2 * shape.hidden * b + 16, _fused_head_bytes(shape, tokens, b, True, entropy)
+    else:
+        head_tokens = shape.vocab * (2 * b + 8 + (8 if entropy else 0)) if lm_head else 2 * shape.hidden * b
+        head_fixed = 0
     if gc:  # layer inputs, then either the layer being recomputed or the head's backward, not both at once
-        return tokens * (shape.layers * shape.hidden * b + max(per_layer, head))
-    return tokens * (shape.layers * per_layer + head)
+        return tokens * shape.layers * shape.hidden * b + max(tokens * max(per_layer, head_tokens), head_fixed)
+    return tokens * (shape.layers * per_layer + head_tokens) + head_fixed
 
 
-def _forward_acts(shape: ModelShape, tokens: int, b: int, lm_head: bool, entropy: bool, on_gpu: bool) -> int:
+def _forward_acts(shape: ModelShape, tokens: int, b: int, lm_head: bool, entropy: bool, on_gpu: bool, fused=False):
     body = shape.forward_transient_elems_per_token() * b
+    if lm_head and fused:
+        return tokens * (2 * shape.hidden * b + 8) + max(
+            tokens * body, _fused_head_bytes(shape, tokens, b, False, True)
+        )
     head = 0
     if lm_head:
         # Bytes per vocabulary entry and token. On CUDA: the logits (plus an fp32 copy under 16-bit compute), two
@@ -101,19 +131,21 @@ def _forward_acts(shape: ModelShape, tokens: int, b: int, lm_head: bool, entropy
 
 def phase_activations(job: JobSpec, phase: str, micro: int, c: Choice) -> int:
     """Activation bytes of one trainer phase at `micro` sequences per micro-batch."""
-    tokens, a, crit = micro * job.seq_len, job.actor, job.critic
+    tokens, a, crit, fused = micro * job.seq_len, job.actor, job.critic, c.fused_head
     train_margin = CUDA_TRAIN_ACTIVATIONS if job.on_gpu else 1.0
-    block = LOGPROB_BLOCK_BYTES if job.on_gpu else 0  # the log-prob block's transient (CPU keeps upstream's rows)
+    # the log-prob block's transient (CPU keeps upstream's rows; the fused head computes its own log-probs)
+    block = LOGPROB_BLOCK_BYTES if job.on_gpu and not fused else 0
     if phase == "old_log_prob":
-        return _forward_acts(a, tokens, job.train_bytes, True, True, job.on_gpu) + block
+        return _forward_acts(a, tokens, job.train_bytes, True, True, job.on_gpu, fused) + block
     if phase == "ref":
-        return _forward_acts(a, tokens, job.train_bytes, True, False, job.on_gpu) + block
+        return _forward_acts(a, tokens, job.train_bytes, True, False, job.on_gpu, fused) + block
     if phase == "values":
         return _forward_acts(crit, tokens, job.critic_train_bytes, False, False, job.on_gpu)
     if phase == "update_critic":
         return int(train_margin * _train_acts(crit, tokens, job.critic_train_bytes, c.critic_gc, False, False))
     if phase == "update_actor":
-        return int(train_margin * _train_acts(a, tokens, job.train_bytes, c.actor_gc, True, job.actor_entropy)) + block
+        acts = _train_acts(a, tokens, job.train_bytes, c.actor_gc, True, job.actor_entropy, fused)
+        return int(train_margin * acts) + block
     return 0
 
 

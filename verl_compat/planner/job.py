@@ -58,6 +58,9 @@ class JobSpec:
     adam_step: tuple[str, str] = ("default", "default")  # (actor, critic): memory.optimizer_step's choices
     # roles ("actor", "ref", "critic") whose GPU copy outlives a move to the host (verl_compat.fsdp_views)
     stale_views: frozenset[str] = frozenset()
+    # the actor's fused head (kernels.fused): "off", "on" (the user's), "free" (the device allows verl's torch
+    # backend and nobody set it: the plan chooses, since at one sequence per micro-batch it holds more)
+    fused_head: str = "off"
     settings: Mapping[str, Setting] = field(default_factory=dict)
 
     @property
@@ -96,11 +99,13 @@ class JobSpec:
         shape_loader: Callable[[str], ModelShape] | None = None,
         adam_step: tuple[str, str] = ("default", "default"),
         stale_views: frozenset[str] = frozenset(),
+        fused_head: str = "off",
     ) -> JobSpec:
         """From a composed verl DictConfig. `dtypes`: {"train", "train.critic", "rollout"} short names as the
         dtype resolvers chose them; `adam_step`: (actor, critic) AdamW implementation, as the
         memory.optimizer_step decisions chose them; `stale_views`: the roles whose offloaded GPU copy stays (see
-        JobSpec.stale_views). Raises ValueError when the model's config cannot be read."""
+        JobSpec.stale_views); `fused_head`: see JobSpec.fused_head. Raises ValueError
+        when the model's config cannot be read."""
         from omegaconf import OmegaConf
 
         def get(key: str, default: Any = None) -> Any:
@@ -151,5 +156,6 @@ class JobSpec:
             sync_bucket_bytes=int(get(K.SYNC_BUCKET_MB, 2048)) << 20,
             adam_step=tuple(adam_step),
             stale_views=frozenset(stale_views),
+            fused_head=fused_head,
             settings=settings,
         )

@@ -3,6 +3,7 @@ the per-process shares that the simulated card's memory caps read (`VERL_COMPAT_
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Callable, Mapping
@@ -57,6 +58,29 @@ def stale_views(decisions: Mapping[str, Decision], dtypes: Mapping[str, str]) ->
     return frozenset(role for role, d in roles.items() if d in fp32)
 
 
+FUSED = "kernels.fused"
+
+
+def fused_head_mode(decisions: Mapping[str, Decision]) -> str:
+    """JobSpec.fused_head from the actor's kernels.fused decision."""
+    d = decisions.get(FUSED)
+    if d is None or d.value in (None, "off"):
+        return "off"
+    return "free" if d.defaulted and d.value == "torch" else "on"
+
+
+def _fused_outcome(plan: MemoryPlan, decisions: Mapping[str, Decision]) -> tuple[Decision, dict[str, Any]]:
+    """The actor's kernels.fused decision as the plan settles it (one record), and its two verl keys."""
+    d = decisions[FUSED]
+    model = "actor_rollout_ref.model"
+    if plan.choice.fused_head:
+        why = "memory plan: the fused head bounds the logits to one 512-token chunk, so larger micro-batches fit"
+        writes = {f"{model}.use_fused_kernels": True, f"{model}.fused_kernel_options.impl_backend": "torch"}
+        return dataclasses.replace(d, reasons=(*d.reasons, why)), writes
+    why = "memory plan: unfused; at these micro-batches the logits need less than the fused head's chunk"
+    return dataclasses.replace(d, value="off", reasons=(why, *d.reasons)), {}
+
+
 def plan_decisions(
     config: Any,
     profile: DeviceProfile,
@@ -90,6 +114,7 @@ def plan_decisions(
             shape_loader,
             adam,
             stale,
+            fused_head_mode(decisions),
         )
     except (OSError, ValueError) as e:  # no model config to read (verl's default path, a typo): nothing planned
         if autos:
@@ -105,10 +130,15 @@ def plan_decisions(
         return {PLAN: _decision(profile, PLAN, "(plan)", None, True, [why])}, {}
     plan = plan_job(job, speed_name(profile), sm80)  # PlanError propagates: the start-up error
     writes = plan.writes()
+    fused_writes: dict[str, Any] = {}
+    if job.fused_head == "free":
+        fused, fused_writes = _fused_outcome(plan, decisions)
     for key in autos:  # an `auto` the plan has no use for (no critic, not the hf engine) still needs a value
         writes.setdefault(key, _UNUSED.get(key, 1))
-    changed = {k: v for k, v in writes.items() if OmegaConf.select(config, k, default=None) != v}
+    changed = {k: v for k, v in {**writes, **fused_writes}.items() if OmegaConf.select(config, k, default=None) != v}
     out = {PLAN: _decision(profile, PLAN, "(plan)", _summary(plan, writes), True, plan.table())}
+    if job.fused_head == "free":
+        out[FUSED] = fused
     for key in K.PLANNED_KEYS:
         s = job.setting(key)
         if key in writes:

@@ -155,6 +155,9 @@ class MemoryPlan:
             for k, v in sorted(self.writes().items())
         )
         lines.append(f"plan: {chosen or '(nothing to fill: every value is set)'}")
+        if job.fused_head != "off":
+            how = "fused (verl's FusedLinearForPPO, torch)" if self.choice.fused_head else "unfused logits"
+            lines.append(f"actor head: {how}{'' if job.fused_head == 'free' else ', as set'}")
         lines.extend(f"note: {n}" for n in self.notes)
         return lines
 
@@ -192,8 +195,9 @@ def _search(
 ) -> tuple[MemoryPlan | None, Estimate | None]:
     """(best plan or None, and with `closest_too` the least-overflowing estimate, for the error message)."""
     opts = {fld: _options(job, key, free) for key, fld in FIELD.items()}
+    opts["fused_head"] = {"off": [False], "on": [True], "free": [False, True]}[job.fused_head]
     flags = ["actor_param_offload", "actor_optim_offload", "critic_param_offload", "critic_optim_offload"]
-    flags += ["actor_gc", "critic_gc"]
+    flags += ["actor_gc", "critic_gc", "fused_head"]
     smallest = {f: min(opts[f]) for f in _MICRO_PHASE}
     best: tuple[float, int, MemoryPlan] | None = None
     closest: Estimate | None = None

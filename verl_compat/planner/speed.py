@@ -90,10 +90,18 @@ def step_seconds(job: JobSpec, c: Choice, device_name: str) -> dict[str, float]:
     if job.need_ref:
         out["ref"] = _compute_s(fwd, tokens, c.ref_micro * seq, _rate(r, job.train_bytes))
     gc = 4 / 3
+    # the fused head recomputes the vocabulary projection in its backward
+    head = 2.0 * a.vocab * a.hidden if c.fused_head else 0.0
     out["update_actor"] = _compute_s(
-        6.0 * a.lm_params * (gc if c.actor_gc else 1), tokens, c.actor_micro * seq, _rate(r, job.train_bytes), True
+        6.0 * a.lm_params * (gc if c.actor_gc else 1) + head,
+        tokens,
+        c.actor_micro * seq,
+        _rate(r, job.train_bytes),
+        True,
     )
     moved = 0.0
+    if job.need_ref:  # FSDP1's CPU offload of the reference streams its weights in for every micro-batch
+        moved += -(-rows // max(1, c.ref_micro)) * a.lm_params * job.master_bytes / job.world
     pa = a.lm_params * job.master_bytes / job.world
     if c.actor_param_offload:
         moved += 2 * 3 * 2 * pa  # weights + grads buffers in and out, three actor phases

@@ -119,7 +119,19 @@ def resolve_liger(request: Request, profile: DeviceProfile, registry: Registry |
 
 
 # Fused kernels: value "off" or the impl_backend. "torch" is pure torch and runs anywhere; "triton" and "liger"
-# are Triton kernels (utils/kernel/kernels.py, linear_cross_entropy.py).
+# are Triton kernels (utils/kernel/kernels.py, linear_cross_entropy.py). Below sm_80 on a GPU the default is
+# "torch": verl's FusedLinearForPPO computes log-probs and entropy 512 tokens at a time from the hidden states, so
+# the (tokens x vocabulary) logits of a micro-batch are never held (at 2,048 tokens of a 151,936-entry vocabulary
+# those are 1.2 GiB in fp32, about 5 GiB with their softmax, gradient and work rows). That memory is what bounded
+# the planner's micro-batches on a 16-24 GB card; the price is one more vocabulary projection in the backward.
+def _fused_torch_reasons(ctx: Context) -> list[Reason]:
+    if not ctx.fact("lm_head", True):
+        return [soft("no_lm_head", "this model has a value head, no vocabulary projection to fuse")]
+    if ctx.profile.is_cpu:
+        return [soft("cpu_logits_in_ram", "on a CPU a micro-batch's logits live in host memory: upstream's path")]
+    return []
+
+
 def _fused_triton_reasons(ctx: Context) -> list[Reason]:
     return triton_reasons(ctx.profile, "the fused-kernel triton backend")
 
@@ -129,15 +141,21 @@ def _fused_liger_reasons(ctx: Context) -> list[Reason]:
 
 
 FUSED_OPTIONS: tuple[Option, ...] = (
-    Option("off", why="fused kernels off (upstream verl's default)", priority=10),
-    Option("torch", why="fused linear + log-prob in pure torch", priority=20),
+    Option(
+        "torch",
+        _fused_torch_reasons,
+        "fused linear + log-prob in pure torch (verl's FusedLinearForPPO): no whole micro-batch of logits",
+        10,
+    ),
+    Option("off", why="fused kernels off (upstream verl's default)", priority=20),
     Option("triton", _fused_triton_reasons, "fused linear + log-prob Triton kernels", 30),
     Option("liger", _fused_liger_reasons, "fused linear + log-prob Liger kernels", 40),
 )
 
 
 def resolve_fused(request: Request, profile: DeviceProfile, registry: Registry | None = None) -> Decision:
-    """model.use_fused_kernels + fused_kernel_options.impl_backend, as one value: 'off' or the backend."""
+    """model.use_fused_kernels + fused_kernel_options.impl_backend, as one value: 'off' or the backend; fact:
+    lm_head (False for the critic's value model)."""
     return choose(request, profile, FUSED_OPTIONS, fix=_fused_fix, registry=registry)
 
 
