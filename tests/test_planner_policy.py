@@ -153,3 +153,8 @@ def test_the_plans_fused_head_is_one_decision_and_both_of_verls_keys(job_overrid
     assert "actor_rollout_ref.model.use_fused_kernels" not in writes
     _, decisions, writes = _decide("a100", job_overrides)
     assert decisions["kernels.fused"].value == "off" and "actor_rollout_ref.model.use_fused_kernels" not in writes
+
+
+def test_without_a_plan_the_head_stays_upstreams():
+    _, decisions, writes = _decide("p40", ["actor_rollout_ref.model.path=/nonexistent/model"])
+    assert decisions["kernels.fused"].value == "off" and "actor_rollout_ref.model.use_fused_kernels" not in writes

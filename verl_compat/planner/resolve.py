@@ -77,8 +77,11 @@ def _fused_outcome(plan: MemoryPlan, decisions: Mapping[str, Decision]) -> tuple
         why = "memory plan: the fused head bounds the logits to one 512-token chunk, so larger micro-batches fit"
         writes = {f"{model}.use_fused_kernels": True, f"{model}.fused_kernel_options.impl_backend": "torch"}
         return dataclasses.replace(d, reasons=(*d.reasons, why)), writes
-    why = "memory plan: unfused; at these micro-batches the logits need less than the fused head's chunk"
-    return dataclasses.replace(d, value="off", reasons=(why, *d.reasons)), {}
+    why = (
+        "memory plan: unfused; the fastest plan that fits does not gain by the fused head (its chunk holds more "
+        "than one sequence's logits, and its backward projects the vocabulary once more)"
+    )
+    return dataclasses.replace(d, value="off", reasons=(why,)), {}
 
 
 def plan_decisions(
@@ -124,7 +127,11 @@ def plan_decisions(
                 "or give these keys numbers"
             ) from e
         why = f"no plan: {type(e).__name__}: {e}"
-        return {PLAN: _decision(profile, PLAN, "(plan)", None, True, [why, "the config's memory values are kept"])}, {}
+        out = {PLAN: _decision(profile, PLAN, "(plan)", None, True, [why, "the config's memory values are kept"])}
+        if fused_head_mode(decisions) == "free":  # the fused head is the plan's to choose: without one, upstream's
+            d = decisions[FUSED]
+            out[FUSED] = dataclasses.replace(d, value="off", reasons=("no memory plan: upstream's unfused head",))
+        return out, {}
     if sm80 and not autos:
         why = "sm_80+: upstream verl's memory values, unchanged (set a key to `auto` to have it planned)"
         return {PLAN: _decision(profile, PLAN, "(plan)", None, True, [why])}, {}
