@@ -214,6 +214,16 @@ def test_the_fused_head_gives_upstreams_log_probs_and_trains(
     # verl patches the model CLASS's forward for the fused head (one config per worker process); here both
     # variants share a process, so each starts from transformers' forward and the test leaves it restored
     original = LlamaForCausalLM.forward
+    import verl.utils.experimental.torch_functional as fused_module
+
+    chunks = []
+    built = fused_module.FusedLinearForPPO.__init__
+
+    def recording_init(self, *args, **kwargs):  # the chunk verl's call site asks of verl-compat (patch 0017)
+        built(self, *args, **kwargs)
+        chunks.append(self.chunk_size)
+
+    monkeypatch.setattr(fused_module.FusedLinearForPPO, "__init__", recording_init)
     fields = padded_batch(vocab_size=90, seed=3)
     results = {}
     for fused in (False, True):
@@ -232,6 +242,7 @@ def test_the_fused_head_gives_upstreams_log_probs_and_trains(
             actor.update_actor(actor_update_input(fields, results[fused][0], results[fused][0]))
             after = params_snapshot(actor.actor.engine.module)
             assert any(not torch.equal(before[n], after[n]) for n in before)
+    assert chunks and set(chunks) == {128}  # kernels.fused_chunk below sm_80
     mask = fields["response_mask"].bool()
     tol = {"rtol": 1e-5, "atol": 1e-5} if profile == "p40" else {"rtol": 2e-2, "atol": 2e-2}  # t4: fp16 compute
     torch.testing.assert_close(results[True][0][mask], results[False][0][mask], **tol)

@@ -88,6 +88,22 @@ def test_fused_torch_head_is_the_default_only_below_sm80_on_gpus_and_only_for_th
     assert kept.value == "off" and not kept.defaulted
 
 
+def test_the_fused_heads_chunk_is_smaller_only_below_sm80_on_gpus() -> None:
+    def chunk(name: str):
+        upstream = kernels.UPSTREAM_FUSED_CHUNK
+        request = Request("kernels.fused_chunk", kernels.FUSED_CHUNK_KEY, upstream, False, upstream)
+        return kernels.resolve_fused_chunk(request, get_profile(name))
+
+    assert {name: chunk(name).value for name in ("p40", "v100", "t4", "cpu", "a100")} == {
+        "p40": 128,
+        "v100": 128,
+        "t4": 128,
+        "cpu": 512,
+        "a100": 512,
+    }
+    assert chunk("a100").identity
+
+
 def test_liger_refused_on_p40_and_cpu() -> None:
     for name in ("p40", "cpu"):
         with pytest.raises(IncompatibleRequestError) as e:

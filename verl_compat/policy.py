@@ -230,7 +230,10 @@ def _kernels(plan: _Plan) -> None:
             plan.registry,
         ),
     )
-    # no config key sets it: a defaulted request with upstream's value (the worker seam asks the same)
+    # no config key sets them: defaulted requests with upstream's value (the worker seams ask the same)
+    chunk = kernels.UPSTREAM_FUSED_CHUNK
+    chunk_request = Request("kernels.fused_chunk", kernels.FUSED_CHUNK_KEY, chunk, False, chunk)
+    plan.add("kernels.fused_chunk", kernels.resolve_fused_chunk(chunk_request, p, plan.registry))
     logprobs_request = Request("kernels.logprobs", kernels.LOGPROBS_KEY, "rowwise", False, "rowwise")
     plan.add("kernels.logprobs", kernels.resolve_logprobs(logprobs_request, p, plan.registry))
     for role, model in MODEL_ROLES.items():

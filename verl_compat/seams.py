@@ -241,6 +241,14 @@ def resolve_model_config(model_config: Any) -> Any:
     return model_config
 
 
+def fused_head_chunk() -> int:
+    """dense_common.py:124 (and the VL models' fused forwards): tokens per chunk of verl's FusedLinearForPPO
+    (kernels.fused_chunk: smaller below sm_80 on GPUs, where its work tensors bound the memory plan)."""
+    k = kernels.FUSED_CHUNK_KEY
+    upstream = kernels.UPSTREAM_FUSED_CHUNK
+    return int(_resolve(kernels.resolve_fused_chunk, "kernels.fused_chunk", k, upstream, upstream, settled=False))
+
+
 def hf_rollout_dtype_and_attn(rollout_config: Any, model_config: Any) -> Any:
     """(torch dtype, attn_implementation) for verl-compat's hf rollout engine; its server calls this once, just
     before it loads the model, so this is also that process's `device_in_use()` point.

@@ -16,9 +16,9 @@ Activation sizes per token (worst case: every sequence at prompt + response leng
   (on CUDA more, as measured: see _forward_acts);
 - the update: logits, their gradient and two fp32 work rows of the vocabulary width per token (with
   checkpointing: the larger of that and one recomputed layer).
-With the fused head (Choice.fused_head: kernels.fused "torch") the vocabulary-wide tensors are those of one
-512-token chunk, whatever the micro-batch (FUSED_CHUNK): more than the logits of one 512-token sequence, far less
-than those of several.
+With the fused head (Choice.fused_head: kernels.fused "torch") the vocabulary-wide tensors are those of one chunk
+of tokens (JobSpec.fused_chunk, kernels.fused_chunk), whatever the micro-batch: at 512 tokens more than the logits
+of one 512-token sequence, far less than those of several.
 """
 
 from __future__ import annotations
@@ -78,12 +78,7 @@ class Phase:
         return sum(self.parts.values())
 
 
-# verl's FusedLinearForPPO (kernels.fused "torch") projects this many tokens at a time (dense_common.py builds it
-# with its default chunk_size); its work tensors are per chunk, not per micro-batch.
-FUSED_CHUNK = 512
-
-
-def _fused_head_bytes(shape: ModelShape, tokens: int, b: int, train: bool, entropy: bool) -> int:
+def _fused_head_bytes(shape: ModelShape, tokens: int, b: int, train: bool, entropy: bool, chunk: int) -> int:
     """The fused head's transient, per entry of one chunk's (chunk x vocab) logits. Forward: the logits (plus an
     fp32 copy under 16-bit compute), the softmax, its product with the logits and log-softmax. Backward (the chunk
     recomputed): the logits, softmax, one-hot labels, their difference and its scaled copy, the entropy's terms
@@ -93,13 +88,14 @@ def _fused_head_bytes(shape: ModelShape, tokens: int, b: int, train: bool, entro
         per_entry = b + (4 + b if half else 0) + 16 + (12 if entropy else 0)
     else:
         per_entry = b + (4 if half else 0) + 16
-    return min(tokens, FUSED_CHUNK) * shape.vocab * per_entry
+    return min(tokens, chunk) * shape.vocab * per_entry
 
 
-def _train_acts(shape: ModelShape, tokens: int, b: int, gc: bool, lm_head: bool, entropy: bool, fused=False) -> int:
+def _train_acts(shape: ModelShape, tokens: int, b: int, gc: bool, lm_head: bool, entropy: bool, fused=0) -> int:
+    """`fused`: the fused head's chunk in tokens (0: unfused logits)."""
     per_layer = shape.saved_activation_elems_per_token_layer() * b
     if lm_head and fused:  # per token only the hidden state and the fp32 log-prob/entropy (and their gradients)
-        head_tokens, head_fixed = 2 * shape.hidden * b + 16, _fused_head_bytes(shape, tokens, b, True, entropy)
+        head_tokens, head_fixed = 2 * shape.hidden * b + 16, _fused_head_bytes(shape, tokens, b, True, entropy, fused)
     else:
         head_tokens = shape.vocab * (2 * b + 8 + (8 if entropy else 0)) if lm_head else 2 * shape.hidden * b
         head_fixed = 0
@@ -108,12 +104,11 @@ def _train_acts(shape: ModelShape, tokens: int, b: int, gc: bool, lm_head: bool,
     return tokens * (shape.layers * per_layer + head_tokens) + head_fixed
 
 
-def _forward_acts(shape: ModelShape, tokens: int, b: int, lm_head: bool, entropy: bool, on_gpu: bool, fused=False):
+def _forward_acts(shape: ModelShape, tokens: int, b: int, lm_head: bool, entropy: bool, on_gpu: bool, fused=0):
     body = shape.forward_transient_elems_per_token() * b
     if lm_head and fused:
-        return tokens * (2 * shape.hidden * b + 8) + max(
-            tokens * body, _fused_head_bytes(shape, tokens, b, False, True)
-        )
+        fixed = _fused_head_bytes(shape, tokens, b, False, True, fused)
+        return tokens * (2 * shape.hidden * b + 8) + max(tokens * body, fixed)
     head = 0
     if lm_head:
         # Bytes per vocabulary entry and token. On CUDA: the logits (plus an fp32 copy under 16-bit compute), two
@@ -131,7 +126,8 @@ def _forward_acts(shape: ModelShape, tokens: int, b: int, lm_head: bool, entropy
 
 def phase_activations(job: JobSpec, phase: str, micro: int, c: Choice) -> int:
     """Activation bytes of one trainer phase at `micro` sequences per micro-batch."""
-    tokens, a, crit, fused = micro * job.seq_len, job.actor, job.critic, c.fused_head
+    tokens, a, crit = micro * job.seq_len, job.actor, job.critic
+    fused = job.fused_chunk if c.fused_head else 0
     train_margin = CUDA_TRAIN_ACTIVATIONS if job.on_gpu else 1.0
     # the log-prob block's transient (CPU keeps upstream's rows; the fused head computes its own log-probs)
     block = LOGPROB_BLOCK_BYTES if job.on_gpu and not fused else 0

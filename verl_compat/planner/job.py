@@ -61,6 +61,7 @@ class JobSpec:
     # the actor's fused head (kernels.fused): "off", "on" (the user's), "free" (the device allows verl's torch
     # backend and nobody set it: the plan chooses, since at one sequence per micro-batch it holds more)
     fused_head: str = "off"
+    fused_chunk: int = 512  # its tokens per chunk (kernels.fused_chunk)
     settings: Mapping[str, Setting] = field(default_factory=dict)
 
     @property
@@ -100,11 +101,12 @@ class JobSpec:
         adam_step: tuple[str, str] = ("default", "default"),
         stale_views: frozenset[str] = frozenset(),
         fused_head: str = "off",
+        fused_chunk: int = 512,
     ) -> JobSpec:
         """From a composed verl DictConfig. `dtypes`: {"train", "train.critic", "rollout"} short names as the
         dtype resolvers chose them; `adam_step`: (actor, critic) AdamW implementation, as the
         memory.optimizer_step decisions chose them; `stale_views`: the roles whose offloaded GPU copy stays (see
-        JobSpec.stale_views); `fused_head`: see JobSpec.fused_head. Raises ValueError
+        JobSpec.stale_views); `fused_head`, `fused_chunk`: see JobSpec. Raises ValueError
         when the model's config cannot be read."""
         from omegaconf import OmegaConf
 
@@ -157,5 +159,6 @@ class JobSpec:
             adam_step=tuple(adam_step),
             stale_views=frozenset(stale_views),
             fused_head=fused_head,
+            fused_chunk=int(fused_chunk),
             settings=settings,
         )

@@ -74,7 +74,10 @@ def _fused_outcome(plan: MemoryPlan, decisions: Mapping[str, Decision]) -> tuple
     d = decisions[FUSED]
     model = "actor_rollout_ref.model"
     if plan.choice.fused_head:
-        why = "memory plan: the fused head bounds the logits to one 512-token chunk, so larger micro-batches fit"
+        why = (
+            f"memory plan: the fused head bounds the logits to one {plan.job.fused_chunk}-token chunk, "
+            "so larger micro-batches fit"
+        )
         writes = {f"{model}.use_fused_kernels": True, f"{model}.fused_kernel_options.impl_backend": "torch"}
         return dataclasses.replace(d, reasons=(*d.reasons, why)), writes
     why = (
@@ -118,6 +121,7 @@ def plan_decisions(
             adam,
             stale,
             fused_head_mode(decisions),
+            _value(decisions, "kernels.fused_chunk", 512),
         )
     except (OSError, ValueError) as e:  # no model config to read (verl's default path, a typo): nothing planned
         if autos:

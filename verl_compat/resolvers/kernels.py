@@ -103,6 +103,31 @@ def resolve_logprobs(request: Request, profile: DeviceProfile, registry: Registr
     return choose(request, profile, LOGPROBS_OPTIONS, registry=registry)
 
 
+# The fused head's chunk (FusedLinearForPPO chunk_size; no config key: verl's call sites pass none). Its work
+# tensors are (chunk x vocabulary) in fp32, about 20 bytes per entry at once in the backward: 1.6 GiB at 512
+# tokens of a 151,936-entry vocabulary, 0.4 GiB at 128, while the chunk's GEMM (128 x hidden x vocabulary, 17
+# GFLOP for Qwen2.5-0.5B) still fills an old card.
+FUSED_CHUNK_KEY = "verl's fused head chunk (FusedLinearForPPO chunk_size, no config key)"
+UPSTREAM_FUSED_CHUNK = 512
+
+
+def _small_chunk_reasons(ctx: Context) -> list[Reason]:
+    if ctx.profile.is_cpu:
+        return [soft("cpu_host_memory", "on a CPU the chunk's work tensors live in host memory: upstream's chunk")]
+    return []
+
+
+FUSED_CHUNK_OPTIONS: tuple[Option, ...] = (
+    Option(128, _small_chunk_reasons, "128 tokens per chunk: a quarter of the work tensors a 15-24 GB card holds", 10),
+    Option(UPSTREAM_FUSED_CHUNK, why="512 tokens per chunk (upstream verl's FusedLinearForPPO default)", priority=20),
+)
+
+
+def resolve_fused_chunk(request: Request, profile: DeviceProfile, registry: Registry | None = None) -> Decision:
+    """Tokens per chunk of verl's fused head (FusedLinearForPPO); upstream: 512."""
+    return choose(request, profile, FUSED_CHUNK_OPTIONS, registry=registry)
+
+
 def _liger_reasons(ctx: Context) -> list[Reason]:
     return triton_reasons(ctx.profile, "Liger") + needs_package(ctx.profile, "liger_kernel", "use_liger")
 
