@@ -96,3 +96,40 @@ def test_estimate_matches_measured_peak(name, gc):
     phases = {p.name: p.total for p in trainer_phases(job, choice)}
     assert LOW <= phases["update_actor"] / measured_update <= HIGH, (phases["update_actor"], measured_update)
     assert LOW <= phases["old_log_prob"] / measured_fwd <= HIGH, (phases["old_log_prob"], measured_fwd)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("chunk", [128, 512])
+def test_fused_head_estimate_matches_measured_transient(dtype, chunk):
+    """verl's FusedLinearForPPO, the second micro-batch of an update (the weight's gradient already exists, as when
+    verl accumulates), and a no-grad log-prob pass: the transient above inputs, weight and gradients against the
+    estimate's chunk term."""
+    from verl.utils.experimental.torch_functional import FusedLinearForPPO
+    from verl_compat.planner.estimate import _fused_head_bytes
+
+    torch.manual_seed(0)
+    vocab, hidden, tokens = 8192, 256, 1024
+    weight = torch.randn(vocab, hidden, dtype=dtype, requires_grad=True)
+    hidden_states = torch.randn(tokens, hidden, dtype=dtype, requires_grad=True)
+    labels = torch.randint(0, vocab, (tokens,))
+    head = FusedLinearForPPO(chunk_size=chunk)
+    config = {"vocab_size": vocab, "hidden_size": hidden, "num_hidden_layers": 1, "num_attention_heads": 4}
+    shape = ModelShape.from_config({**config, "intermediate_size": 512})
+    b, outputs = weight.element_size(), tokens * 4 * 2  # the fp32 log-prob and entropy outputs
+
+    def micro_batch():
+        log_probs, _ = head(hidden_states, weight, labels)
+        log_probs.sum().backward()
+
+    def forward_only():
+        with torch.no_grad():
+            head(hidden_states, weight, labels)
+
+    micro_batch()  # the first: the gradients now exist
+    peak = _peak(micro_batch, weight, hidden_states, weight.grad, hidden_states.grad)
+    held = 2 * (weight.numel() + hidden_states.numel()) * b  # tensors and their gradients
+    estimate = _fused_head_bytes(shape, tokens, b, True, False, chunk)
+    assert LOW * (peak - held - outputs) <= estimate <= HIGH * (peak - held - outputs), (peak - held, estimate)
+    peak = _peak(forward_only, weight, hidden_states, weight.grad, hidden_states.grad)
+    estimate = _fused_head_bytes(shape, tokens, b, False, True, chunk)
+    assert LOW * (peak - held - outputs) <= estimate <= HIGH * (peak - held - outputs), (peak - held, estimate)

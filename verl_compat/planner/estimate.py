@@ -78,17 +78,20 @@ class Phase:
         return sum(self.parts.values())
 
 
-def _fused_head_bytes(shape: ModelShape, tokens: int, b: int, train: bool, entropy: bool, chunk: int) -> int:
-    """The fused head's transient, per entry of one chunk's (chunk x vocab) logits. Forward: the logits (plus an
-    fp32 copy under 16-bit compute), the softmax, its product with the logits and log-softmax. Backward (the chunk
-    recomputed): the logits, softmax, one-hot labels, their difference and its scaled copy, the entropy's terms
-    when the entropy is in the loss, and the gradient cast back to the compute dtype."""
-    half = b < 4
+def _fused_head_bytes(
+    shape: ModelShape, tokens: int, b: int, train: bool, entropy: bool, chunk: int, on_gpu: bool = False
+) -> int:
+    """The fused head's transient, in bytes per entry of one chunk's (chunk x vocab) fp32 logits, as measured on a
+    CPU in fp32 and fp16 (tests/test_planner_measured.py): forward 12 (the logits, their softmax and its product
+    with them; x1.5 on CUDA, the factor measured for the unfused forward), backward 24 (the chunk recomputed: logits,
+    softmax, one-hot labels, their difference and its scaled copy; 12 more with the entropy in the loss) plus two
+    weight-size gradients: the whole one the backward allocates and each chunk's partial one added to it."""
     if train:
-        per_entry = b + (4 + b if half else 0) + 16 + (12 if entropy else 0)
+        per_entry = 24 + (12 if entropy else 0)
+        weight_grads = 2 * shape.vocab * shape.hidden * b
     else:
-        per_entry = b + (4 if half else 0) + 16
-    return min(tokens, chunk) * shape.vocab * per_entry
+        per_entry, weight_grads = 12 * (1.5 if on_gpu else 1), 0
+    return int(min(tokens, chunk) * shape.vocab * per_entry) + weight_grads
 
 
 def _train_acts(shape: ModelShape, tokens: int, b: int, gc: bool, lm_head: bool, entropy: bool, fused=0) -> int:
@@ -107,7 +110,7 @@ def _train_acts(shape: ModelShape, tokens: int, b: int, gc: bool, lm_head: bool,
 def _forward_acts(shape: ModelShape, tokens: int, b: int, lm_head: bool, entropy: bool, on_gpu: bool, fused=0):
     body = shape.forward_transient_elems_per_token() * b
     if lm_head and fused:
-        fixed = _fused_head_bytes(shape, tokens, b, False, True, fused)
+        fixed = _fused_head_bytes(shape, tokens, b, False, True, fused, on_gpu)
         return tokens * (2 * shape.hidden * b + 8) + max(tokens * body, fixed)
     head = 0
     if lm_head:
