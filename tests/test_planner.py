@@ -204,7 +204,7 @@ def test_the_plan_takes_the_fused_head_where_it_lets_micro_batches_grow_and_leav
     # a T4's 15 GB: the update runs one sequence per micro-batch, where the chunk would hold more
     t4 = plan_job(_job("t4", "0.5B", "ppo_gae_kl_reward").with_(fused_head="free"), "t4")
     assert not t4.choice.fused_head and t4.choice.actor_micro == 1
-    forced = plan_job(_job("t4", "0.5B", "ppo_gae_kl_reward").with_(fused_head="on"), "t4")
+    forced = plan_job(_job("t4", "0.5B", "ppo_gae_kl_reward").with_(fused_head="on", fused_chunk=128), "t4")
     assert forced.choice.fused_head  # a user's choice is kept
     # with the smaller chunk below sm_80 (kernels.fused_chunk) the T4's update takes it too, and grows
     small = plan_job(_job("t4", "0.5B", "ppo_gae_kl_reward").with_(fused_head="free", fused_chunk=128), "t4")
