@@ -1,6 +1,7 @@
 """End to end on this CPU with the memory planner on: `verl-compat quickstart --algo ppo` (a real
 `python -m verl.trainer.main_ppo` with a critic, a reference and the hf rollout engine) with every memory value
-handed to the planner (`auto`), packed sequences through sdpa_varlen, two steps."""
+handed to the planner (`auto`), packed sequences through sdpa_varlen (so the actor's passes run on the planner's
+token budgets, verl's use_dynamic_bsz), two steps."""
 
 from __future__ import annotations
 
@@ -40,3 +41,6 @@ def test_ppo_two_steps_with_the_planner(tmp_path):
     assert not re.search(r"'ppo_micro_batch_size_per_gpu': 'auto'", out)
     assert re.search(r"'max_batch_tokens': \d+", out), "the rollout's KV budget was not planned"
     assert "'attn_implementation': 'sdpa_varlen'" in out
+    # packed sequences and no row count of the user's: the actor's passes are sized by token budgets
+    assert re.search(r"'use_dynamic_bsz': True", out), "the planner's token budgets did not reach verl"
+    assert re.search(r"'ppo_max_token_len_per_gpu': \d+", out)

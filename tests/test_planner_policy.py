@@ -158,3 +158,29 @@ def test_the_plans_fused_head_is_one_decision_and_both_of_verls_keys(job_overrid
 def test_without_a_plan_the_head_stays_upstreams():
     _, decisions, writes = _decide("p40", ["actor_rollout_ref.model.path=/nonexistent/model"])
     assert decisions["kernels.fused"].value == "off" and "actor_rollout_ref.model.use_fused_kernels" not in writes
+
+
+def test_the_actors_passes_get_token_budgets_in_place_of_row_counts(job_overrides, monkeypatch):
+    monkeypatch.setenv(SHARES_ENV, "")  # recorded, so the shares resolve_job_config exports are undone afterwards
+    seq = 512  # 256 + 256
+    _, decisions, writes = _decide("p40", job_overrides)
+    assert writes[K.ACTOR_DYNAMIC] is True and writes[K.LOGPROB_DYNAMIC] is True and writes[K.REF_DYNAMIC] is True
+    for tokens_key, rows_key in K.TOKEN_BUDGET_OF.items():
+        assert writes[tokens_key] == writes[rows_key] * seq  # the same bound on a micro-batch's tokens
+    assert any(r.startswith("micro-batches by token budget") for r in decisions["memory.plan"].reasons)
+    # written into verl's config as planned, interpolated defaults included (they follow the actor's budget)
+    config = compose_ppo_config(job_overrides)
+    resolve_job_config(config, get_profile("p40"), RequestedKeys(o.split("=", 1)[0] for o in job_overrides))
+    for tokens_key in K.TOKEN_BUDGET_OF:
+        assert OmegaConf.select(config, tokens_key) == writes[tokens_key], tokens_key
+    # a row count of the user's, a token key of the user's, or padded sequences: rows, as verl would run them
+    for extra in (
+        [f"{K.ACTOR_MICRO}=2"],
+        [f"{K.ACTOR_DYNAMIC}=false"],
+        [f"{K.LOGPROB_TOKENS}=4096"],
+        ["actor_rollout_ref.model.use_remove_padding=false"],
+    ):
+        _, _, writes = _decide("p40", [*job_overrides, *extra])
+        assert not set(writes) & set(K.TOKEN_KEYS), extra
+    _, _, writes = _decide("a100", job_overrides)  # sm_80+: upstream's
+    assert not set(writes) & set(K.TOKEN_KEYS)

@@ -32,6 +32,14 @@ class Setting:
         return self.requested and not self.auto
 
 
+def token_budgets_allowed(packed: bool, token_keys_set: bool, settings: Mapping[str, Setting]) -> bool:
+    """Token budgets bound a micro-batch's tokens as its rows x (prompt + response) do, and pack a step's shorter
+    sequences into fewer micro-batches; only with packed sequences (padded, a budget would not bound the padded
+    tensors) and only where every row count it replaces is the planner's."""
+    rows_fixed = any(settings.get(k, Setting(None, False)).fixed for k in K.TOKEN_BUDGET_OF.values())
+    return packed and not token_keys_set and not rows_fixed
+
+
 @dataclass(frozen=True)
 class JobSpec:
     actor: ModelShape
@@ -62,6 +70,9 @@ class JobSpec:
     # backend and nobody set it: the plan chooses, since at one sequence per micro-batch it holds more)
     fused_head: str = "off"
     fused_chunk: int = 512  # its tokens per chunk (kernels.fused_chunk)
+    # the actor's passes sized by token budgets (verl's use_dynamic_bsz) instead of rows: packed sequences and none
+    # of K.TOKEN_KEYS or the actor's row counts set by the user (see token_budgets_allowed)
+    token_budgets: bool = False
     settings: Mapping[str, Setting] = field(default_factory=dict)
 
     @property
@@ -102,12 +113,13 @@ class JobSpec:
         stale_views: frozenset[str] = frozenset(),
         fused_head: str = "off",
         fused_chunk: int = 512,
+        packed: bool = False,
     ) -> JobSpec:
         """From a composed verl DictConfig. `dtypes`: {"train", "train.critic", "rollout"} short names as the
         dtype resolvers chose them; `adam_step`: (actor, critic) AdamW implementation, as the
         memory.optimizer_step decisions chose them; `stale_views`: the roles whose offloaded GPU copy stays (see
-        JobSpec.stale_views); `fused_head`, `fused_chunk`: see JobSpec. Raises ValueError
-        when the model's config cannot be read."""
+        JobSpec.stale_views); `fused_head`, `fused_chunk`: see JobSpec; `packed`: use_remove_padding as decided.
+        Raises ValueError when the model's config cannot be read."""
         from omegaconf import OmegaConf
 
         def get(key: str, default: Any = None) -> Any:
@@ -133,6 +145,7 @@ class JobSpec:
             critic = actor if critic_path == actor_path else load_for("critic.model.path", critic_path)
         world = trainer_gpus(config)
         settings = {k: Setting(OmegaConf.select(config, k, default=None), is_requested(k)) for k in K.PLANNED_KEYS}
+        token_keys_set = any(is_requested(k) for k in K.TOKEN_KEYS)
         train_batch = int(get("data.train_batch_size", 1))
         mini = int(get("actor_rollout_ref.actor.ppo_mini_batch_size", train_batch))
         return cls(
@@ -160,5 +173,6 @@ class JobSpec:
             stale_views=frozenset(stale_views),
             fused_head=fused_head,
             fused_chunk=int(fused_chunk),
+            token_budgets=token_budgets_allowed(packed, token_keys_set, settings),
             settings=settings,
         )

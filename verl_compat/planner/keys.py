@@ -20,6 +20,17 @@ ROLLOUT_TOKENS = "actor_rollout_ref.rollout.engine_kwargs.hf.max_batch_tokens"
 GPU_UTIL = "actor_rollout_ref.rollout.gpu_memory_utilization"
 SYNC_BUCKET_MB = "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes"  # read, not planned
 
+# verl's token budgets per micro-batch (use_dynamic_bsz): planned in place of the row counts above for the actor's
+# passes when the user set none of them (MemoryPlan.writes); the critic keeps rows (its v1 budgets are one key).
+ACTOR_DYNAMIC = "actor_rollout_ref.actor.use_dynamic_bsz"
+LOGPROB_DYNAMIC = "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz"
+REF_DYNAMIC = "actor_rollout_ref.ref.log_prob_use_dynamic_bsz"
+ACTOR_TOKENS = "actor_rollout_ref.actor.ppo_max_token_len_per_gpu"
+LOGPROB_TOKENS = "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu"
+REF_TOKENS = "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu"
+TOKEN_KEYS = (ACTOR_DYNAMIC, LOGPROB_DYNAMIC, REF_DYNAMIC, ACTOR_TOKENS, LOGPROB_TOKENS, REF_TOKENS)
+TOKEN_BUDGET_OF = {ACTOR_TOKENS: ACTOR_MICRO, LOGPROB_TOKENS: LOGPROB_MICRO, REF_TOKENS: REF_MICRO}
+
 MICRO_KEYS = (ACTOR_MICRO, LOGPROB_MICRO, REF_MICRO, CRITIC_MICRO, CRITIC_FWD_MICRO)
 OFFLOAD_KEYS = (ACTOR_PARAM_OFFLOAD, ACTOR_OPTIM_OFFLOAD, CRITIC_PARAM_OFFLOAD, CRITIC_OPTIM_OFFLOAD)
 GC_KEYS = (ACTOR_GC, CRITIC_GC)

@@ -122,6 +122,7 @@ def plan_decisions(
             stale,
             fused_head_mode(decisions),
             _value(decisions, "kernels.fused_chunk", 512),
+            bool(_value(decisions, "attention.remove_padding", False)),
         )
     except (OSError, ValueError) as e:  # no model config to read (verl's default path, a typo): nothing planned
         if autos:
@@ -146,7 +147,11 @@ def plan_decisions(
         fused, fused_writes = _fused_outcome(plan, decisions)
     for key in autos:  # an `auto` the plan has no use for (no critic, not the hf engine) still needs a value
         writes.setdefault(key, _UNUSED.get(key, 1))
-    changed = {k: v for k, v in {**writes, **fused_writes}.items() if OmegaConf.select(config, k, default=None) != v}
+    changed = {
+        k: v
+        for k, v in {**writes, **fused_writes}.items()
+        if OmegaConf.select(config, k, default=None) != v or _interpolated(config, k)
+    }
     out = {PLAN: _decision(profile, PLAN, "(plan)", _summary(plan, writes), True, plan.table())}
     if job.fused_head == "free":
         out[FUSED] = fused
@@ -161,6 +166,17 @@ def plan_decisions(
                 profile, f"memory.{key}", key, s.value, False, ["requested explicitly; fits the plan's estimate"]
             )
     return out, changed
+
+
+def _interpolated(config: Any, key: str) -> bool:
+    """A key whose value follows another (`${...}`): written even when it holds the planned value now, since the
+    key it follows may be planned too (rollout.log_prob_max_token_len_per_gpu follows the actor's budget)."""
+    parent, _, leaf = key.rpartition(".")
+    node = OmegaConf.select(config, parent, default=None) if parent else config
+    try:
+        return node is not None and OmegaConf.is_interpolation(node, leaf)
+    except (KeyError, ValueError, AttributeError):
+        return False
 
 
 # What an unused `auto` becomes: upstream's default where it has one, else the smallest valid value.

@@ -121,6 +121,21 @@ class MemoryPlan:
             if not self.job.need_ref and key == K.REF_MICRO:
                 continue
             out[key] = self.value(key)
+        if self.job.token_budgets and all(k in self.free for k in K.TOKEN_BUDGET_OF.values()):
+            out |= self.token_budgets()
+        return out
+
+    def token_budgets(self) -> dict[str, Any]:
+        """verl's use_dynamic_bsz for the actor's passes: each budget is the planned rows x (prompt + response),
+        the same bound on a micro-batch's tokens, filled with more of the shorter sequences (the row counts stay
+        written: verl ignores them while the budgets are on)."""
+        job, out = self.job, {K.ACTOR_DYNAMIC: True, K.LOGPROB_DYNAMIC: True}
+        for tokens_key, rows_key in K.TOKEN_BUDGET_OF.items():
+            if rows_key == K.REF_MICRO and not job.need_ref:
+                continue
+            out[tokens_key] = self.value(rows_key) * job.seq_len
+        if job.need_ref:
+            out[K.REF_DYNAMIC] = True
         return out
 
     def table(self) -> list[str]:
@@ -155,6 +170,10 @@ class MemoryPlan:
             for k, v in sorted(self.writes().items())
         )
         lines.append(f"plan: {chosen or '(nothing to fill: every value is set)'}")
+        budgets = {k: v for k, v in self.writes().items() if k in K.TOKEN_BUDGET_OF}
+        if budgets:
+            what = ", ".join(f"{K.LABELS[K.TOKEN_BUDGET_OF[k]]} {v}" for k, v in budgets.items())
+            lines.append(f"micro-batches by token budget (verl's use_dynamic_bsz): {what} tokens")
         if job.fused_head != "off":
             how = "fused (verl's FusedLinearForPPO, torch)" if self.choice.fused_head else "unfused logits"
             lines.append(f"actor head: {how}{'' if job.fused_head == 'free' else ', as set'}")
