@@ -104,9 +104,9 @@ def resolve_logprobs(request: Request, profile: DeviceProfile, registry: Registr
 
 
 # The fused head's chunk (FusedLinearForPPO chunk_size; no config key: verl's call sites pass none). Its work
-# tensors are (chunk x vocabulary) in fp32, about 20 bytes per entry at once in the backward: 1.6 GiB at 512
-# tokens of a 151,936-entry vocabulary, 0.4 GiB at 128, while the chunk's GEMM (128 x hidden x vocabulary, 17
-# GFLOP for Qwen2.5-0.5B) still fills an old card.
+# tensors are (chunk x vocabulary), 24 bytes per entry at once in the backward (measured: planner/estimate.py):
+# 1.7 GiB at 512 tokens of a 151,936-entry vocabulary, 0.4 GiB at 128, while the chunk's GEMM (128 x hidden x
+# vocabulary, 17 GFLOP for Qwen2.5-0.5B) still fills an old card.
 FUSED_CHUNK_KEY = "verl's fused head chunk (FusedLinearForPPO chunk_size, no config key)"
 UPSTREAM_FUSED_CHUNK = 512
 
@@ -145,10 +145,11 @@ def resolve_liger(request: Request, profile: DeviceProfile, registry: Registry |
 
 # Fused kernels: value "off" or the impl_backend. "torch" is pure torch and runs anywhere; "triton" and "liger"
 # are Triton kernels (utils/kernel/kernels.py, linear_cross_entropy.py). Below sm_80 on a GPU the default is
-# "torch": verl's FusedLinearForPPO computes log-probs and entropy 512 tokens at a time from the hidden states, so
-# the (tokens x vocabulary) logits of a micro-batch are never held (at 2,048 tokens of a 151,936-entry vocabulary
-# those are 1.2 GiB in fp32, about 5 GiB with their softmax, gradient and work rows). That memory is what bounded
-# the planner's micro-batches on a 16-24 GB card; the price is one more vocabulary projection in the backward.
+# "torch": verl's FusedLinearForPPO computes log-probs and entropy from the hidden states a chunk of tokens at a
+# time (kernels.fused_chunk), so the (tokens x vocabulary) logits of a micro-batch are never held (at 2,048 tokens
+# of a 151,936-entry vocabulary those are 1.2 GiB in fp32, about 5 GiB with their softmax, gradient and work rows).
+# That memory is what bounded the planner's micro-batches on a 16-24 GB card; the price is one more vocabulary
+# projection in the backward. The memory plan takes it or leaves it (planner/resolve.py).
 def _fused_torch_reasons(ctx: Context) -> list[Reason]:
     if not ctx.fact("lm_head", True):
         return [soft("no_lm_head", "this model has a value head, no vocabulary projection to fuse")]
