@@ -19,6 +19,12 @@ ACTOR_ATTENTION = f"{MODEL_ROLES[ACTOR]}.override_config.attn_implementation"
 CRITIC_ATTENTION = f"{MODEL_ROLES[CRITIC]}.override_config.attn_implementation"
 
 
+def fused_keys(role: str) -> tuple[str, str]:
+    """(use_fused_kernels, fused_kernel_options.impl_backend) of a role's model: the one kernels.fused decision."""
+    model = MODEL_ROLES[role]
+    return f"{model}.use_fused_kernels", f"{model}.fused_kernel_options.impl_backend"
+
+
 def trainer_gpus(config) -> int:
     """GPUs (FSDP ranks) of the trainer pool: trainer.n_gpus_per_node x trainer.nnodes (1 each where unset)."""
     from omegaconf import OmegaConf

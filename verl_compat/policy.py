@@ -14,7 +14,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from verl_compat.config_keys import ACTOR, CRITIC, FSDP_ROLES, MODEL_ROLES, ROLLOUT, trainer_gpus
+from verl_compat.config_keys import ACTOR, CRITIC, FSDP_ROLES, MODEL_ROLES, ROLLOUT, fused_keys, trainer_gpus
 from verl_compat.decision import Decision
 from verl_compat.profile import DeviceProfile
 from verl_compat.resolvers import attention, dtype, helpers, kernels, memory, placement, rollout_engine
@@ -237,7 +237,7 @@ def _kernels(plan: _Plan) -> None:
     logprobs_request = Request("kernels.logprobs", kernels.LOGPROBS_KEY, "rowwise", False, "rowwise")
     plan.add("kernels.logprobs", kernels.resolve_logprobs(logprobs_request, p, plan.registry))
     for role, model in MODEL_ROLES.items():
-        use_key, backend_key = f"{model}.use_fused_kernels", f"{model}.fused_kernel_options.impl_backend"
+        use_key, backend_key = fused_keys(role)
         on = bool(_get(plan.config, use_key))
         value = (_get(plan.config, backend_key) or "torch") if on else "off"
         asked = use_key in plan.requested or (on and backend_key in plan.requested)

@@ -11,12 +11,14 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from verl_compat.config_keys import ACTOR, fused_keys
 from verl_compat.decision import Decision
 from verl_compat.planner import keys as K
 from verl_compat.planner.job import JobSpec
 from verl_compat.planner.search import MemoryPlan, PlanError, plan_job
 from verl_compat.planner.shape import ModelShape
 from verl_compat.profile import DeviceProfile
+from verl_compat.resolvers.kernels import UPSTREAM_FUSED_CHUNK
 
 SHARES_ENV = "VERL_COMPAT_MEMORY_SHARES"  # {"trainer": bytes, "rollout": bytes}: read by simulate.prepare_device
 PLAN = "memory.plan"
@@ -69,22 +71,25 @@ def fused_head_mode(decisions: Mapping[str, Decision]) -> str:
     return "free" if d.defaulted and d.value == "torch" else "on"
 
 
+def _fused_off(decisions: Mapping[str, Decision], why: str) -> Decision:
+    return dataclasses.replace(decisions[FUSED], value="off", reasons=(why,))
+
+
 def _fused_outcome(plan: MemoryPlan, decisions: Mapping[str, Decision]) -> tuple[Decision, dict[str, Any]]:
     """The actor's kernels.fused decision as the plan settles it (one record), and its two verl keys."""
-    d = decisions[FUSED]
-    model = "actor_rollout_ref.model"
     if plan.choice.fused_head:
+        d = decisions[FUSED]
         why = (
             f"memory plan: the fused head bounds the logits to one {plan.job.fused_chunk}-token chunk, "
             "so larger micro-batches fit"
         )
-        writes = {f"{model}.use_fused_kernels": True, f"{model}.fused_kernel_options.impl_backend": "torch"}
-        return dataclasses.replace(d, reasons=(*d.reasons, why)), writes
+        use_key, backend_key = fused_keys(ACTOR)
+        return dataclasses.replace(d, reasons=(*d.reasons, why)), {use_key: True, backend_key: "torch"}
     why = (
         "memory plan: unfused; the fastest plan that fits does not gain by the fused head (its chunk holds more "
         "than one sequence's logits, and its backward projects the vocabulary once more)"
     )
-    return dataclasses.replace(d, value="off", reasons=(why,)), {}
+    return _fused_off(decisions, why), {}
 
 
 def plan_decisions(
@@ -121,7 +126,7 @@ def plan_decisions(
             adam,
             stale,
             fused_head_mode(decisions),
-            _value(decisions, "kernels.fused_chunk", 512),
+            _value(decisions, "kernels.fused_chunk", UPSTREAM_FUSED_CHUNK),
             bool(_value(decisions, "attention.remove_padding", False)),
         )
     except (OSError, ValueError) as e:  # no model config to read (verl's default path, a typo): nothing planned
@@ -134,8 +139,7 @@ def plan_decisions(
         why = f"no plan: {type(e).__name__}: {e}"
         out = {PLAN: _decision(profile, PLAN, "(plan)", None, True, [why, "the config's memory values are kept"])}
         if fused_head_mode(decisions) == "free":  # the fused head is the plan's to choose: without one, upstream's
-            d = decisions[FUSED]
-            out[FUSED] = dataclasses.replace(d, value="off", reasons=("no memory plan: upstream's unfused head",))
+            out[FUSED] = _fused_off(decisions, "no memory plan: upstream's unfused head")
         return out, {}
     if sm80 and not autos:
         why = "sm_80+: upstream verl's memory values, unchanged (set a key to `auto` to have it planned)"

@@ -165,12 +165,12 @@ class MemoryPlan:
             + f"{total:.1f} s: "
             + ", ".join(f"{k} {v:.1f}" for k, v in self.seconds.items() if v)
         )
+        writes = self.writes()
         chosen = ", ".join(
-            f"{k.split('.', 1)[1] if k.startswith('actor_rollout_ref.') else k}={v}"
-            for k, v in sorted(self.writes().items())
+            f"{k.split('.', 1)[1] if k.startswith('actor_rollout_ref.') else k}={v}" for k, v in sorted(writes.items())
         )
         lines.append(f"plan: {chosen or '(nothing to fill: every value is set)'}")
-        budgets = {k: v for k, v in self.writes().items() if k in K.TOKEN_BUDGET_OF}
+        budgets = {k: v for k, v in writes.items() if k in K.TOKEN_BUDGET_OF}
         if budgets:
             what = ", ".join(f"{K.LABELS[K.TOKEN_BUDGET_OF[k]]} {v}" for k, v in budgets.items())
             lines.append(f"micro-batches by token budget (verl's use_dynamic_bsz): {what} tokens")
