@@ -6,8 +6,8 @@ the device with no host sync. Recipe and caveats measured in research/graph-deco
 before capturing, and undo what the warm-up steps wrote (they run for real).
 
 A graph holds the addresses of the model's parameters: after anything that moves them (sleep / wake, a weight
-sync that swaps storages) the graphs are stale. :meth:`DecodeRunner.check_weights` compares the addresses and
-drops the graphs when they changed.
+sync that swaps storages, the fast decoder re-laying out its fused projections) the graphs are stale.
+:meth:`DecodeRunner.check_weights` compares the addresses and drops the graphs when they changed.
 """
 
 from __future__ import annotations
@@ -58,6 +58,8 @@ class DecodeRunner:
         return tuple(p.data_ptr() for p in self.model.parameters())
 
     def check_weights(self) -> None:
+        if self.fast is not None:
+            self.fast.prepare()  # re-lays out fused projections a wake or a discarding sleep gave fresh storage
         key = self._param_key()
         if key != self._weights_key:
             self.drop_graphs()

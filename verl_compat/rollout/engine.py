@@ -23,6 +23,7 @@ import torch
 from transformers import PretrainedConfig, PreTrainedModel
 
 from verl_compat.errors import IncompatibleRequestError
+from verl_compat.rollout.fused_weights import pack_model
 from verl_compat.rollout.kv_cache import ATTENTION_NAME, check_supported
 from verl_compat.rollout.loading import eos_token_ids as collect_eos_ids
 from verl_compat.rollout.loading import load_causal_lm, neutral_generation_config, torch_dtype
@@ -135,6 +136,7 @@ class HFGenerationEngine:
                 trust_remote_code=trust_remote_code,
             )
         check_supported(model.config)
+        pack_model(model)  # one buffer per fused projection group, before the KV cache takes the free memory
         # Prefill and decode read the static slot cache through our attention function (kv_cache.py).
         model.config._attn_implementation = ATTENTION_NAME
         self.model: PreTrainedModel = model
@@ -265,6 +267,7 @@ class HFGenerationEngine:
                 return
             if self.device.type != "cpu":
                 await asyncio.to_thread(self.model.to, self.device)
+                pack_model(self.model)  # the move gave every parameter its own storage
             self.asleep = False
 
     # ------------------------------------------------------------------ batching

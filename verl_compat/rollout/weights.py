@@ -16,6 +16,8 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from verl_compat.rollout.fused_weights import adjacent_groups
+
 
 class UnknownWeightError(KeyError):
     """A weight name sent by the trainer has no counterpart in the rollout model."""
@@ -103,7 +105,8 @@ class ParameterStorage:
     """Frees and re-allocates a model's parameter storage on its device, for a sleep that discards the weights
     because the next weight sync overwrites every one of them (vLLM's sleep level 2): no host copy either way.
 
-    Tied parameters are one Parameter object, so they stay tied. Buffers (rotary tables, ...) are small and not
+    Tied parameters are one Parameter object, so they stay tied. The fast decoder's fused projections are
+    allocated adjacently (:mod:`~verl_compat.rollout.fused_weights`). Buffers (rotary tables, ...) are small and not
     sent by the trainer, so they are kept. After ``allocate`` the values are undefined until ``mark_loaded`` has
     seen every parameter (``unloaded`` names the rest).
     """
@@ -131,10 +134,18 @@ class ParameterStorage:
         if not self.released:
             return
         names = {id(p): n for n, p in self.model.named_parameters()}
-        for param in self.model.parameters():
-            shape, dtype = self._shapes[id(param)]
-            param.data = torch.empty(shape, dtype=dtype, device=device)
-            self._unloaded[id(param)] = names[id(param)]
+        # The fast decoder's fused projections get one buffer per group, as the engine laid them out at load.
+        groups = adjacent_groups(self.model)
+        grouped = {id(p) for group in groups for p in group}
+        singles = [[p] for p in self.model.parameters() if id(p) not in grouped]
+        for group in groups + singles:
+            shapes = [self._shapes[id(p)] for p in group]
+            buffer = torch.empty(sum(shape.numel() for shape, _ in shapes), dtype=shapes[0][1], device=device)
+            start = 0
+            for param, (shape, _) in zip(group, shapes, strict=True):
+                param.data = buffer[start : start + shape.numel()].view(shape)
+                start += shape.numel()
+                self._unloaded[id(param)] = names[id(param)]
         self.released = False
 
     def mark_loaded(self, targets: Iterable[torch.Tensor]) -> None:
