@@ -8,7 +8,8 @@ torch's own fused ops: ``F.rms_norm``; residual adds folded into ``addmm``; RoPE
 per-row rotation matrix built once per step (one for q and k together); cache writes as one ``index_copy_``
 each; attention scores with the mask added by ``baddbmm`` over the grouped query heads (no repeated K/V); q|k|v
 and gate|up as one GEMM each where their storage is adjacent (:mod:`~verl_compat.rollout.fused_weights`; torch's
-memory-efficient SDPA kernel instead of the three attention ops was slower, 2.12 -> 2.91 ms at batch 1 in fp32).
+memory-efficient SDPA kernel instead of the three attention ops was 1.02-1.27x slower:
+benchmarks/results/decode_step_kernels_h200.json).
 Same math as the HF modules; the engine's tests compare the two.
 """
 

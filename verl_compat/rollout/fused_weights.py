@@ -2,8 +2,8 @@
 as adjacent views of one buffer, so one GEMM reads what three or two did.
 
 Why: a graphed decode step at small batch costs about one kernel's minimum time per kernel; fusing these cut it
-by 12-16% on the H200 for the Qwen2.5-0.5B shape, fp32 and fp16, batch 1-64
-(``benchmarks/results/decode_step_kernels_h200.json``).
+by 13-17% on the H200 for the Qwen2.5-0.5B shape in fp32 (batch 1-64) and fp16 at batch 1, 5% in fp16 at 64
+(``benchmarks/decode_step_kernels.py``, results in ``benchmarks/results/decode_step_kernels_h200.json``).
 
 The parameters stay the modules' own objects (only their ``.data`` becomes a view), so weight sync (``copy_`` in
 place), ``state_dict`` and the HF forward see no difference and no weight is held twice. Anything that gives a
