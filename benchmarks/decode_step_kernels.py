@@ -37,54 +37,29 @@ def _chunks(width: int) -> int:
     return next((c for c in range(2, width) if width % c == 0 and width // c <= 96), 1)
 
 
-class _VariantDecoder:
-    """The fast decoder's step with another attention (measured alternatives, not used by the engine)."""
+def _variant(name: str, model):
+    """The fast decoder with another attention (measured alternatives, not used by the engine)."""
+    from verl_compat.rollout.fast_decode import FastDecoder
 
-    def __init__(self, fast, attention: str):
-        self.fast, self.attention = fast, attention
+    class Sdpa(FastDecoder):
+        def attend(self, q, keys, values, mask, mask3, scale):
+            b, kv, _, d = keys.shape
+            q = q.reshape(b, kv, q.shape[1] // kv, d)
+            return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale)
 
-    def __call__(self, cache, tok, pos, mask):
-        from verl_compat.rollout import fast_decode as fd
-
-        f, base = self.fast, self.fast.model.model
-        b, h, kv, d = tok.shape[0], f.heads, f.kv_heads, f.head_dim
-        group, width = h // kv, cache.max_len + 1
-        x = base.embed_tokens(tok)
-        cos, sin = base.rotary_emb(x.unsqueeze(1), pos.unsqueeze(1))
-        rope = fd._rope_matrix(cos[:, 0], sin[:, 0])
-        heads, rows = torch.arange(kv, device=tok.device), torch.arange(b, device=tok.device)
-        flat = ((rows.unsqueeze(1) * kv + heads) * width + pos.unsqueeze(1)).reshape(-1)
-        for i, layer in enumerate(base.layers):
-            attn, mlp = layer.self_attn, layer.mlp
-            (qkv_w, gate_up_w) = f._fused[i]
-            y = F.rms_norm(x, (f.hidden,), layer.input_layernorm.weight, fd._eps(layer.input_layernorm))
-            qkv = F.linear(y, *qkv_w)
-            qk = torch.bmm(qkv[:, : (h + kv) * d].reshape(b, h + kv, d), rope)
-            q, k, v = qk[:, :h], qk[:, h:], qkv[:, (h + kv) * d :].reshape(b, kv, d)
-            k_cache, v_cache = cache.data[i, 0], cache.data[i, 1]
-            k_cache.view(-1, d).index_copy_(0, flat, k.reshape(-1, d))
-            v_cache.view(-1, d).index_copy_(0, flat, v.reshape(-1, d))
-            if self.attention == "sdpa":
-                o = F.scaled_dot_product_attention(
-                    q.reshape(b, kv, group, d), k_cache[:b], v_cache[:b], attn_mask=mask, scale=attn.scaling
-                ).reshape(b, h * d)
-            else:
-                mask3 = mask.expand(b, kv, group, width).reshape(b * kv, group, width)
-                keys = k_cache[:b].view(b * kv, width, d)
-                scores = torch.baddbmm(mask3, q.reshape(b * kv, group, d), keys.transpose(1, 2), alpha=attn.scaling)
-                probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype)
-                c = _chunks(width)
-                pc = probs.view(b * kv, group, c, width // c).transpose(1, 2).reshape(b * kv * c, group, width // c)
-                vc = v_cache[:b].reshape(b * kv * c, width // c, d)
-                o = torch.bmm(pc, vc).view(b * kv, c, group, d).sum(1).view(b, h * d)
-            x = fd._linear_residual(x, o, attn.o_proj)
-            y = F.rms_norm(
-                x, (f.hidden,), layer.post_attention_layernorm.weight, fd._eps(layer.post_attention_layernorm)
+    class SplitPV(FastDecoder):
+        def attend(self, q, keys, values, mask, mask3, scale):
+            b, kv, width, d = keys.shape
+            group = q.shape[1] // kv
+            scores = torch.baddbmm(
+                mask3, q.reshape(b * kv, group, d), keys.view(b * kv, width, d).transpose(1, 2), alpha=scale
             )
-            gate, up = F.linear(y, *gate_up_w).split([mlp.gate_proj.out_features, mlp.up_proj.out_features], -1)
-            x = fd._linear_residual(x, mlp.act_fn(gate) * up, mlp.down_proj)
-        x = F.rms_norm(x, (f.hidden,), base.norm.weight, fd._eps(base.norm))
-        return f.model.lm_head(x)
+            probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(values.dtype)
+            c = _chunks(width)
+            pc = probs.view(b * kv, group, c, width // c).transpose(1, 2).reshape(b * kv * c, group, width // c)
+            return torch.bmm(pc, values.reshape(b * kv * c, width // c, d)).view(b * kv, c, group, d).sum(1)
+
+    return {"fused_sdpa": Sdpa, "fused_split_pv": SplitPV}[name](model)
 
 
 def replay_ms(graph, n: int = 200) -> float:
@@ -144,7 +119,7 @@ def one_profile(profile: str) -> dict:
         rec: dict = {}
         for name in VARIANTS:
             fast._fused = [(None, None)] * len(fused_views) if name == "separate" else fused_views
-            runner.fast = _VariantDecoder(fast, name.split("_", 1)[1]) if name.startswith("fused_") else fast
+            runner.fast = _variant(name, model) if name.startswith("fused_") else fast
             runner.drop_graphs()
             runner.step(b, mode)  # captures this variant's graph (its warm-up steps are undone)
             graph = runner._graphs[(b, mode)]

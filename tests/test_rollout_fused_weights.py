@@ -129,3 +129,26 @@ def test_a_mixed_set_of_biases_is_not_fused():
     proj = Projections(linears)
     assert not proj.pack() and proj.fused() is None
     assert linears[0].weight.untyped_storage().data_ptr() != linears[1].weight.untyped_storage().data_ptr()
+
+
+def test_the_decode_step_benchmarks_variants_decode_what_the_engine_does():
+    """benchmarks/decode_step_kernels.py times other attentions on a GPU; on a CPU they give the engine's tokens."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import decode_step_kernels
+
+    base = _generate(tiny_qwen_tied())
+    for name in ("fused_sdpa", "fused_split_pv"):
+        model = tiny_qwen_tied()
+        built = decode_step_kernels._variant(name, model)
+        original = FastDecoder.for_model
+        try:
+            FastDecoder.for_model = classmethod(lambda cls, m, built=built: built)
+            got = _generate(model)
+        finally:
+            FastDecoder.for_model = original
+        assert [r.token_ids for r in got] == [r.token_ids for r in base]
+        for x, y in zip(got, base, strict=True):
+            torch.testing.assert_close(torch.tensor(x.log_probs), torch.tensor(y.log_probs), atol=1e-5, rtol=0)

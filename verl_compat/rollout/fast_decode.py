@@ -103,11 +103,8 @@ class FastDecoder:
             k_cache, v_cache = cache.data[i, 0], cache.data[i, 1]
             k_cache.view(-1, d).index_copy_(0, flat, k.reshape(-1, d))
             v_cache.view(-1, d).index_copy_(0, flat, v.reshape(-1, d))
-            keys = k_cache[:b].view(b * kv, width, d)
-            scores = torch.baddbmm(mask3, q.reshape(b * kv, group, d), keys.transpose(1, 2), alpha=attn.scaling)
-            probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype)
-            o = torch.bmm(probs, v_cache[:b].view(b * kv, width, d)).view(b, h * d)
-            x = _linear_residual(x, o, attn.o_proj)
+            o = self.attend(q, k_cache[:b], v_cache[:b], mask, mask3, attn.scaling)
+            x = _linear_residual(x, o.reshape(b, h * d), attn.o_proj)
             y = F.rms_norm(
                 x, (self.hidden,), layer.post_attention_layernorm.weight, _eps(layer.post_attention_layernorm)
             )
@@ -120,6 +117,18 @@ class FastDecoder:
             x = _linear_residual(x, act, mlp.down_proj)
         x = F.rms_norm(x, (self.hidden,), base.norm.weight, _eps(base.norm))
         return self.model.lm_head(x)
+
+    def attend(self, q, keys, values, mask, mask3, scale: float) -> torch.Tensor:
+        """``q [b, h, d]`` over a layer's cache rows ``[b, kv, width, d]``: the grouped query heads of each kv head
+        as one batch (no repeated K/V), the mask added by ``baddbmm``. ``mask [b, 1, 1, width]``; ``mask3`` is
+        it per (row, kv head), built once per step."""
+        b, kv, width, d = keys.shape
+        group = q.shape[1] // kv
+        scores = torch.baddbmm(
+            mask3, q.reshape(b * kv, group, d), keys.view(b * kv, width, d).transpose(1, 2), alpha=scale
+        )
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(values.dtype)
+        return torch.bmm(probs, values.view(b * kv, width, d))
 
 
 def _rope_matrix(cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
