@@ -12,7 +12,8 @@ ms per decode step = (time for 256 new tokens - time for 1 new token) / 255, so 
 Floors measured here: weight read = weight bytes / device copy bandwidth; compute = 2 * params * batch / matmul
 rate in the model dtype. Checks: greedy tokens against plain ``generate`` (exact, and "argmax up to a tie": the
 engine's token has the top logit of a recomputed forward within the dtype's tolerance) and sampled log-probs
-against a recomputed forward (max abs difference; 1e-4 fp32, 1e-2 fp16).
+against a recomputed forward (max abs difference; 1e-4 fp32, 1e-2 fp16). ``engine_graphs_check32``: the engine
+reading its stop flags every 32 decode steps instead of 8 (timing only), which says what the host round costs.
 """
 
 from __future__ import annotations
@@ -167,13 +168,23 @@ def kernel_stats(engine, prompts) -> dict:
     return {"kernels_per_step": (k2 - k1) / 32, "kernel_us_per_step": (t2 - t1) / 32}
 
 
-def engine_variant(row: dict, name: str, eager: bool, ref, prompts, expected, tol: float, fast: bool) -> None:
+def engine_variant(
+    row: dict, name: str, eager: bool, ref, prompts, expected, tol: float, fast: bool, check_every: int = 8
+) -> None:
     from verl_compat.rollout.engine import HFGenerationEngine
 
-    engine = HFGenerationEngine(copy.deepcopy(ref), device="cuda", enforce_eager=eager, max_batch_size=max(BATCHES))
+    engine = HFGenerationEngine(
+        copy.deepcopy(ref),
+        device="cuda",
+        enforce_eager=eager,
+        max_batch_size=max(BATCHES),
+        stop_check_interval=check_every,
+    )
     engine.scheduler.fast_decode = fast  # False: the model's own HF forward through the slot cache
     greedy = engine_run(engine, prompts, lambda i, n: {"temperature": 0, "max_tokens": n, "ignore_eos": True})
     row[f"{name}_ms"], _ = per_step_ms(greedy)
+    if check_every != 8:
+        return  # timing only: what the host round every `check_every` steps costs per step
     if eager and fast:
         try:
             row["eager_step_kernels"] = kernel_stats(engine, prompts)
@@ -252,11 +263,12 @@ def one_profile(profile: str, library: bool = True, eager_variant: bool = True) 
         variants = (
             ("engine_graphs", False, True),
             ("engine_graphs_hf_forward", False, False),
+            ("engine_graphs_check32", False, True),
             ("engine_eager", True, True),
         )
-        for name, eager, fast in variants if eager_variant else variants[:2]:
+        for name, eager, fast in variants if eager_variant else variants[:3]:
             try:
-                engine_variant(row, name, eager, ref, prompts, expected, tol, fast)
+                engine_variant(row, name, eager, ref, prompts, expected, tol, fast, 32 if "check32" in name else 8)
             except Exception as exc:  # noqa: BLE001 - recorded, the other variants still run
                 row[f"{name}_error"] = f"{type(exc).__name__}: {exc}"[:300]
                 import traceback
