@@ -152,3 +152,15 @@ def test_the_decode_step_benchmarks_variants_decode_what_the_engine_does():
         assert [r.token_ids for r in got] == [r.token_ids for r in base]
         for x, y in zip(got, base, strict=True):
             torch.testing.assert_close(torch.tensor(x.log_probs), torch.tensor(y.log_probs), atol=1e-5, rtol=0)
+
+
+def test_a_group_of_mixed_dtypes_is_allocated_per_parameter():
+    model = tiny_llama()
+    attn = model.model.layers[0].self_attn
+    attn.k_proj.to(torch.float64)
+    storage = ParameterStorage(model)
+    storage.release()
+    storage.allocate("cpu")
+    assert attn.k_proj.weight.dtype == torch.float64 and attn.q_proj.weight.dtype == torch.float32
+    assert fused(_qkv(model)) is None and fused(_qkv(model, 1)) is not None
+    assert not storage.released and sorted(storage.unloaded) == sorted(n for n, _ in model.named_parameters())

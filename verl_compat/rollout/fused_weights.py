@@ -49,17 +49,20 @@ def fused(params: list[nn.Parameter] | None) -> torch.Tensor | None:
     return data[0].as_strided(shape, torch.empty(shape, device="meta").stride())
 
 
+def bind(params: list[nn.Parameter], shapes: list[torch.Size], buffer: torch.Tensor) -> None:
+    """Make ``params`` consecutive views of the flat ``buffer``, in order, with ``shapes``."""
+    start = 0
+    for param, shape in zip(params, shapes, strict=True):
+        param.data = buffer[start : start + shape.numel()].view(shape)
+        start += shape.numel()
+
+
 @torch.no_grad()
 def pack(params: list[nn.Parameter]) -> bool:
     """Give ``params`` adjacent storage holding their current values; True when anything moved."""
     if not params or any(p.numel() == 0 for p in params) or _adjacent([p.data for p in params]):
         return False
-    buffer = torch.cat([p.data.reshape(p.shape[0], -1) for p in params])
-    start = 0
-    for p in params:
-        rows = p.shape[0]
-        p.data = buffer[start : start + rows].view(p.shape)
-        start += rows
+    bind(params, [p.shape for p in params], torch.cat([p.data.reshape(-1) for p in params]))
     return True
 
 

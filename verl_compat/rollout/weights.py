@@ -16,7 +16,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from verl_compat.rollout.fused_weights import adjacent_groups
+from verl_compat.rollout.fused_weights import adjacent_groups, bind
 
 
 class UnknownWeightError(KeyError):
@@ -137,15 +137,15 @@ class ParameterStorage:
         # The fast decoder's fused projections get one buffer per group, as the engine laid them out at load.
         groups = adjacent_groups(self.model)
         grouped = {id(p) for group in groups for p in group}
-        singles = [[p] for p in self.model.parameters() if id(p) not in grouped]
-        for group in groups + singles:
-            shapes = [self._shapes[id(p)] for p in group]
-            buffer = torch.empty(sum(shape.numel() for shape, _ in shapes), dtype=shapes[0][1], device=device)
-            start = 0
-            for param, (shape, _) in zip(group, shapes, strict=True):
-                param.data = buffer[start : start + shape.numel()].view(shape)
-                start += shape.numel()
-                self._unloaded[id(param)] = names[id(param)]
+        work = groups + [[p] for p in self.model.parameters() if id(p) not in grouped]
+        for group in work:  # grows while iterating: a mixed-dtype group is split into singles
+            if len({self._shapes[id(p)][1] for p in group}) > 1:  # one buffer holds one dtype
+                work.extend([p] for p in group)
+                continue
+            shapes = [self._shapes[id(p)][0] for p in group]
+            dtype = self._shapes[id(group[0])][1]
+            bind(group, shapes, torch.empty(sum(s.numel() for s in shapes), dtype=dtype, device=device))
+            self._unloaded.update({id(p): names[id(p)] for p in group})
         self.released = False
 
     def mark_loaded(self, targets: Iterable[torch.Tensor]) -> None:
