@@ -164,3 +164,22 @@ def test_a_group_of_mixed_dtypes_is_allocated_per_parameter():
     assert attn.k_proj.weight.dtype == torch.float64 and attn.q_proj.weight.dtype == torch.float32
     assert fused(_qkv(model)) is None and fused(_qkv(model, 1)) is not None
     assert not storage.released and sorted(storage.unloaded) == sorted(n for n, _ in model.named_parameters())
+
+
+def test_projections_that_are_not_plain_linears_run_one_gemm_each():
+    class Projection(nn.Module):  # has the weight and bias the decoder reads, but is no nn.Linear
+        def __init__(self, linear):
+            super().__init__()
+            self.weight, self.bias = linear.weight, linear.bias
+
+        def forward(self, x):
+            return nn.functional.linear(x, self.weight, self.bias)
+
+    model = tiny_qwen_tied()
+    expected = _generate(tiny_qwen_tied())
+    for layer in model.model.layers:
+        layer.self_attn.q_proj = Projection(layer.self_attn.q_proj)
+    dec = FastDecoder.for_model(model)
+    assert dec is not None and all(f == (None, None) for f in dec._fused)
+    got = _generate(model)
+    assert [r.token_ids for r in got] == [r.token_ids for r in expected]

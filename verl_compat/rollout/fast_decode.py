@@ -72,6 +72,8 @@ class FastDecoder:
         for qkv, gate_up in self._projections:
             moved = qkv.pack() | gate_up.pack() | moved
         self._fused = [(qkv.fused(), gate_up.fused()) for qkv, gate_up in self._projections]
+        if not self._projections:  # projections that are not plain nn.Linear: one GEMM each
+            self._fused = [(None, None)] * len(self.model.model.layers)
         return moved
 
     def __call__(self, cache: SlotKVCache, tok: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
