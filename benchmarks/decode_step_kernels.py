@@ -39,7 +39,7 @@ def _chunks(width: int) -> int:
 
 def _variant(name: str, model):
     """The fast decoder with another attention (measured alternatives, not used by the engine)."""
-    from verl_compat.rollout.fast_decode import FastDecoder
+    from verl_compat.rollout.fast_decode import FastDecoder, attention_probs
 
     class Sdpa(FastDecoder):
         def attend(self, q, keys, values, mask, mask3, scale):
@@ -50,12 +50,8 @@ def _variant(name: str, model):
     class SplitPV(FastDecoder):
         def attend(self, q, keys, values, mask, mask3, scale):
             b, kv, width, d = keys.shape
-            group = q.shape[1] // kv
-            scores = torch.baddbmm(
-                mask3, q.reshape(b * kv, group, d), keys.view(b * kv, width, d).transpose(1, 2), alpha=scale
-            )
-            probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(values.dtype)
-            c = _chunks(width)
+            group, c = q.shape[1] // kv, _chunks(width)
+            probs = attention_probs(q, keys, mask3, scale)
             pc = probs.view(b * kv, group, c, width // c).transpose(1, 2).reshape(b * kv * c, group, width // c)
             return torch.bmm(pc, values.reshape(b * kv * c, width // c, d)).view(b * kv, c, group, d).sum(1)
 

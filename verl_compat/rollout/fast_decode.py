@@ -125,12 +125,16 @@ class FastDecoder:
         as one batch (no repeated K/V), the mask added by ``baddbmm``. ``mask [b, 1, 1, width]``; ``mask3`` is
         it per (row, kv head), built once per step."""
         b, kv, width, d = keys.shape
-        group = q.shape[1] // kv
-        scores = torch.baddbmm(
-            mask3, q.reshape(b * kv, group, d), keys.view(b * kv, width, d).transpose(1, 2), alpha=scale
-        )
-        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(values.dtype)
-        return torch.bmm(probs, values.view(b * kv, width, d))
+        return torch.bmm(attention_probs(q, keys, mask3, scale), values.view(b * kv, width, d))
+
+
+def attention_probs(q: torch.Tensor, keys: torch.Tensor, mask3: torch.Tensor, scale: float) -> torch.Tensor:
+    """Softmax of the masked scores ``[b * kv, group, width]`` of ``q [b, h, d]`` over ``keys [b, kv, width, d]``,
+    in the keys' dtype (the softmax itself in fp32)."""
+    b, kv, width, d = keys.shape
+    group = q.shape[1] // kv
+    scores = torch.baddbmm(mask3, q.reshape(b * kv, group, d), keys.view(b * kv, width, d).transpose(1, 2), alpha=scale)
+    return torch.softmax(scores, dim=-1, dtype=torch.float32).to(keys.dtype)
 
 
 def _rope_matrix(cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
