@@ -133,7 +133,24 @@ def test_graph_continuous_batching_sleep_and_weight_sync():
         assert r.token_ids == out[0, len(prompt) :].tolist()
 
 
+def test_sleep_cycles_hold_no_growing_memory():
+    """Each wake recaptures the graphs; a sleep must give everything back, every cycle. A fresh side stream per
+    capture once left one cuBLAS workspace per (thread handle, stream) behind: +34 MiB per PPO step on sm_90."""
+    from verl_compat.rollout.engine import HFGenerationEngine
+
+    engine = HFGenerationEngine(_tiny(), device="cuda", max_batch_size=4)
+    jobs = [(f"c{i}", p, {"max_tokens": 6, "temperature": 0.0}) for i, p in enumerate(PROMPTS[:4])]
+    after_sleep = []
+    for _ in range(4):
+        _run(engine, jobs)
+        asyncio.run(engine.sleep())
+        after_sleep.append(torch.cuda.memory_allocated())
+        asyncio.run(engine.wake_up())
+    assert after_sleep[1:] == after_sleep[:1] * 3, f"allocated after each sleep grew: {after_sleep}"
+
+
 if __name__ == "__main__":
     test_graph_greedy_equals_generate_and_eager()
     test_graph_continuous_batching_sleep_and_weight_sync()
+    test_sleep_cycles_hold_no_growing_memory()
     print("cuda graph rollout engine test: OK")

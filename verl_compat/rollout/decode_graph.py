@@ -22,6 +22,18 @@ from verl_compat.rollout.fast_decode import FastDecoder
 from verl_compat.rollout.kv_cache import SlotKVCache, decode_mask
 
 logger = logging.getLogger("verl_compat.rollout.decode_graph")
+# One side stream per device for every capture's warm-up. torch keeps a cuBLAS workspace per (handle, stream) for
+# the life of the process (32 MiB each on sm_90): a fresh torch.cuda.Stream() per capture cycles through torch's
+# pool of 32 streams and left one more workspace after every PPO step's wake (+34 MiB per step measured:
+# benchmarks/results/rollout_memory_cycles_p40_round_j.json).
+_CAPTURE_STREAMS: dict[int, torch.cuda.Stream] = {}
+
+
+def capture_stream(device: torch.device) -> torch.cuda.Stream:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _CAPTURE_STREAMS:
+        _CAPTURE_STREAMS[index] = torch.cuda.Stream(device=index)
+    return _CAPTURE_STREAMS[index]
 
 
 def buckets(max_rows: int) -> list[int]:
@@ -102,7 +114,7 @@ class DecodeRunner:
     def _capture(self, b: int, mode: str) -> torch.cuda.CUDAGraph:
         t0 = time.perf_counter()
         snap = self.state.snapshot(b)
-        stream = torch.cuda.Stream()
+        stream = capture_stream(self.cache.data.device)
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(2):

@@ -333,6 +333,13 @@ def _set_result(future: asyncio.Future, result: GenerationResult) -> None:
 
 
 def _empty_device_cache(device: torch.device) -> None:
+    """Hand the device's cached memory back. On CUDA also torch's cuBLAS workspaces (one per handle and stream,
+    kept for the process's life: a worker thread or stream the next wake uses would add one more each time);
+    they are made again at the next GEMM, and the graphs that held them are already dropped."""
+    if device.type == "cuda":
+        clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)  # noqa: SLF001 - torch has no public one
+        if callable(clear):
+            clear()
     module = getattr(torch, device.type, None)
     empty_cache = getattr(module, "empty_cache", None)
     if callable(empty_cache):
