@@ -234,6 +234,17 @@ def job_command(setting: str, assets: Assets, steps: int, extra: list[str] = (),
 
 
 # ---------------------------------------------------------------------------------------------------- memory
+def _smi_rows(args: list[str]) -> list[list[str]]:
+    out = subprocess.run(["nvidia-smi", *args], capture_output=True, text=True, timeout=10).stdout
+    return [[c.strip() for c in line.split(",")] for line in out.splitlines() if line.strip()]
+
+
+def per_process_mib() -> dict[int, int]:
+    """{pid: MiB} of every process on the GPUs, as nvidia-smi reports it (what a card's owner sees)."""
+    rows = _smi_rows(["--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"])
+    return {int(r[0]): int(r[1]) for r in rows if len(r) == 2 and r[0].isdigit() and r[1].isdigit()}
+
+
 class GpuMemorySampler:
     """nvidia-smi every ``period_s``: memory used on all cards, per card (index -> MiB) and per process (MiB)."""
 
@@ -252,17 +263,12 @@ class GpuMemorySampler:
         self._stop.set()
         self._thread.join(timeout=10)
 
-    def _query(self, args: list[str]) -> list[list[str]]:
-        out = subprocess.run(["nvidia-smi", *args], capture_output=True, text=True, timeout=10).stdout
-        return [[c.strip() for c in line.split(",")] for line in out.splitlines() if line.strip()]
-
     def _loop(self) -> None:
         while not self._stop.is_set():
             try:
-                gpus = self._query(["--query-gpu=index,memory.used", "--format=csv,noheader,nounits"])
+                gpus = _smi_rows(["--query-gpu=index,memory.used", "--format=csv,noheader,nounits"])
                 per_gpu = {int(r[0]): int(r[1]) for r in gpus if len(r) == 2 and r[0].isdigit() and r[1].isdigit()}
-                procs = self._query(["--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"])
-                per_pid = {int(r[0]): int(r[1]) for r in procs if len(r) == 2 and r[0].isdigit() and r[1].isdigit()}
+                per_pid = per_process_mib()
                 # the job's memory: the card's use less this benchmark process's own (its CUDA context, if any)
                 used = sum(per_gpu.values())
                 sample = {"t": time.time(), "total_mib": used - per_pid.get(os.getpid(), 0), "per_pid_mib": per_pid}

@@ -35,21 +35,13 @@ PARAMS = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1
 
 
 def nvidia_smi_mib(pid: int) -> int | None:
-    """The process's memory on the GPU as nvidia-smi reports it (what a card's owner sees); None without one."""
+    """The process's memory on the GPU as nvidia-smi reports it; None without one."""
+    import ppo_job
+
     try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        ).stdout
+        return ppo_job.per_process_mib().get(pid)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    for line in out.splitlines():
-        cells = [c.strip() for c in line.split(",")]
-        if len(cells) == 2 and cells[0] == str(pid):
-            return int(cells[1])
-    return None
 
 
 def _serve(conn, model_dir: str, eager: bool, prompt_len: int, response_len: int) -> None:
