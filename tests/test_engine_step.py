@@ -31,6 +31,7 @@ from engine_harness import (
     to_engine_input,
 )
 
+from verl_compat.norms import fused_count
 from verl_compat.quickstart.model import tiny_llama
 
 PROFILES = ["cpu", "p40", "v100", "t4"]
@@ -69,6 +70,9 @@ def test_actor_update_and_ref_log_prob(
         actor.init_model()
         ref.init_model()
         module = actor.actor.engine.module
+        # kernels.rms_norm at the engine's model build (patch 0018): torch's fused norm on the GPU profiles
+        assert (fused_count(module) > 0) is (profile != "cpu")
+        assert (fused_count(ref.ref.engine.module) > 0) is (profile != "cpu")
         # AdamW without foreach's whole-model temporary (memory.optimizer_step): fused on an fp32 GPU, one parameter
         # at a time under fp16 loss scaling; the CPU keeps torch's default
         defaults = actor.actor.engine.optimizer.defaults
@@ -132,6 +136,7 @@ def test_critic_update(profile: str, tiny_model: Path, single_rank: None, monkey
             )
         )
         critic.reset()
+        assert (fused_count(critic.engine.module) > 0) is (profile != "cpu")  # the value model's norms too
         critic.set_loss_fn(partial(value_loss, config=critic_cfg))
         before = params_snapshot(critic.engine.module)
 

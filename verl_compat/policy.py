@@ -234,6 +234,9 @@ def _kernels(plan: _Plan) -> None:
     chunk = kernels.UPSTREAM_FUSED_CHUNK
     chunk_request = Request("kernels.fused_chunk", kernels.FUSED_CHUNK_KEY, chunk, False, chunk)
     plan.add("kernels.fused_chunk", kernels.resolve_fused_chunk(chunk_request, p, plan.registry))
+    norm = kernels.UPSTREAM_RMS_NORM
+    norm_request = Request("kernels.rms_norm", kernels.RMS_NORM_KEY, norm, False, norm)
+    plan.add("kernels.rms_norm", kernels.resolve_rms_norm(norm_request, p, plan.registry))
     logprobs_request = Request("kernels.logprobs", kernels.LOGPROBS_KEY, "rowwise", False, "rowwise")
     plan.add("kernels.logprobs", kernels.resolve_logprobs(logprobs_request, p, plan.registry))
     for role, model in MODEL_ROLES.items():

@@ -249,6 +249,17 @@ def fused_head_chunk() -> int:
     return int(_resolve(kernels.resolve_fused_chunk, "kernels.fused_chunk", k, upstream, upstream, settled=False))
 
 
+def model_kernels(module: Any) -> Any:
+    """transformer_impl.py _build_module, after the model is built and cast: kernels.rms_norm ("torch": its plain
+    RMSNorm modules run F.rms_norm, verl_compat.norms; upstream's model code on sm_80+ and CPUs). Returns it."""
+    k, upstream = kernels.RMS_NORM_KEY, kernels.UPSTREAM_RMS_NORM
+    if _resolve(kernels.resolve_rms_norm, "kernels.rms_norm", k, upstream, upstream, settled=False) == "torch":
+        from verl_compat.norms import fuse_rms_norms
+
+        fuse_rms_norms(module)
+    return module
+
+
 def hf_rollout_dtype_and_attn(rollout_config: Any, model_config: Any) -> Any:
     """(torch dtype, attn_implementation) for verl-compat's hf rollout engine; its server calls this once, just
     before it loads the model, so this is also that process's `device_in_use()` point.

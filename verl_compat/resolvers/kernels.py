@@ -1,5 +1,5 @@
 """Kernel resolvers: torch.compile of the entropy, Triton kernels, verl's fused kernels, flash-attn's Triton
-cross-entropy, the torch log-prob fallback, Liger.
+cross-entropy, the torch log-prob fallback, RMSNorm, Liger.
 
 Inductor (torch.compile on CUDA) generates Triton, which compiles for cc >= 7.0 and is officially supported from
 8.0 (Volta hits "mma -> mma layout conversion is only supported on Ampere"). So: off below 7.0 whatever the user
@@ -126,6 +126,30 @@ FUSED_CHUNK_OPTIONS: tuple[Option, ...] = (
 def resolve_fused_chunk(request: Request, profile: DeviceProfile, registry: Registry | None = None) -> Decision:
     """Tokens per chunk of verl's fused head (FusedLinearForPPO); upstream: 512."""
     return choose(request, profile, FUSED_CHUNK_OPTIONS, registry=registry)
+
+
+# RMSNorm (no config key): torch's fused F.rms_norm instead of the model's eager ops (verl_compat.norms). Below sm_80
+# on GPUs the trainer's passes are many small kernels (measured 0.97x fp32 / 0.81x fp16 per Qwen2 decoder layer,
+# forward + backward); the CPU has no fused backward, and sm_80+ keeps upstream's model code.
+RMS_NORM_KEY = "the model's RMSNorm (no config key; verl_compat.norms)"
+UPSTREAM_RMS_NORM = "model"
+
+
+def _fused_norm_reasons(ctx: Context) -> list[Reason]:
+    if ctx.profile.is_cpu:
+        return [soft("cpu_no_fused_backward", "torch has no fused RMSNorm backward on a CPU: the model's own ops")]
+    return []
+
+
+RMS_NORM_OPTIONS: tuple[Option, ...] = (
+    Option("torch", _fused_norm_reasons, "torch's fused F.rms_norm: one kernel each way instead of six", 10),
+    Option(UPSTREAM_RMS_NORM, why="the model's own RMSNorm forward (upstream verl)", priority=20),
+)
+
+
+def resolve_rms_norm(request: Request, profile: DeviceProfile, registry: Registry | None = None) -> Decision:
+    """Which RMSNorm the FSDP engine's models run: 'torch' (F.rms_norm) or 'model'; upstream: 'model'."""
+    return choose(request, profile, RMS_NORM_OPTIONS, registry=registry)
 
 
 def _liger_reasons(ctx: Context) -> list[Reason]:
