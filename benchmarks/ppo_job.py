@@ -71,7 +71,6 @@ COMMON = [
     "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
     "trainer.nnodes=1",
     "trainer.n_gpus_per_node=1",
-    "trainer.total_epochs=1",
     "trainer.test_freq=-1",
     "trainer.val_before_train=False",
     "trainer.save_freq=-1",
@@ -228,6 +227,7 @@ def job_command(setting: str, assets: Assets, steps: int, extra: list[str] = (),
         f"actor_rollout_ref.model.path={assets.model_dir}",
         f"critic.model.path={assets.model_dir}",
         f"trainer.total_training_steps={steps}",
+        f"trainer.total_epochs={max(1, steps)}",  # enough passes over the data for `steps`: that key bounds the run
         f"trainer.experiment_name={setting}",
         *extra,
     ]

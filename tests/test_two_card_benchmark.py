@@ -16,6 +16,15 @@ def test_job_command_sets_the_gpu_count_once() -> None:
     assert [a for a in cmd if a.startswith("trainer.n_gpus_per_node=")] == ["trainer.n_gpus_per_node=2"]
 
 
+def test_job_command_runs_the_steps_asked_for_past_one_epoch() -> None:
+    # verl's loop stops at total_epochs or total_training_steps, whichever comes first: the shipped GSM8K split is
+    # 41 steps of 32 prompts, so a 65-step run needs more than one epoch (round M stopped at 41)
+    cmd = job_command("b_batch32", Assets(Path("m"), Path("t"), Path("v")), 300)
+    assert "trainer.total_training_steps=300" in cmd
+    epochs = [int(a.split("=")[1]) for a in cmd if a.startswith("trainer.total_epochs=")]
+    assert len(epochs) == 1 and epochs[0] >= 300
+
+
 def test_weak_scaling_doubles_the_prompts_per_step_strong_keeps_them() -> None:
     assert bench.batch_overrides("b_batch32", 2, "weak") == [
         "data.train_batch_size=64",
