@@ -154,3 +154,18 @@ def test_the_ranking_uses_the_measured_micro_batch_efficiency():
             assert eff == pytest.approx(rows[tokens] / best, abs=0.005), (train, tokens)
         assert speed.efficiency(768, train) == pytest.approx((curve[0][1] + curve[1][1]) / 2, abs=0.1)
         assert speed.efficiency(256, train) == pytest.approx(curve[0][1] / 2)
+
+
+def test_the_decode_step_costs_are_the_measured_ones():
+    """speed.py's fixed per-layer cost of a decode step: the measured step minus its weight-read and compute floors,
+    batch 1, fp32, for plain generate and for the hf engine's graphs (rollout_decode_h200_round_k.json)."""
+    from verl_compat.planner import speed
+
+    run = json.loads((RESULTS / "rollout_decode_h200_round_k.json").read_text())["results"]["p40"]
+    row, layers = run["rows"]["1"], ModelShape.from_config(QWEN25["0.5B"]).layers
+    floors = run["weight_floor_ms"] + row["compute_floor_ms"]
+    for measured, constant in (
+        (row["generate_ms"], speed.GENERATE_STEP_S_PER_LAYER),
+        (row["engine_graphs_ms"], speed.GRAPH_DECODE_STEP_S_PER_LAYER),
+    ):
+        assert constant * 1e3 == pytest.approx((measured - floors) / layers, rel=0.05)

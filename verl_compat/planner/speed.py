@@ -2,9 +2,8 @@
 
 Per card: fp32 and fp16 matmul rate, memory bandwidth, host link (published datasheet figures; the ranking
 needs ratios, not exact times). Terms: generation = number of generate calls x response length x (a fixed
-per-token cost of transformers generate, measured ~20-28 ms on an H200 for 24 layers: research/gpu-baseline,
-+ weight reads + batch FLOPs); training = FLOPs / rate with the efficiency measured per tokens in a
-micro-batch (x 4/3 with gradient checkpointing); offload = bytes moved over the host link per step.
+per-step cost per layer + weight reads + batch FLOPs); training = FLOPs / rate with the efficiency measured per
+tokens in a micro-batch (x 4/3 with gradient checkpointing); offload = bytes moved over the host link per step.
 """
 
 from __future__ import annotations
@@ -38,7 +37,12 @@ RATES = {
     "cpu": Rates(0.2, 0.1, 20, 1000),
 }
 GENERIC = Rates(10, 20, 400, 12)
-GENERATE_STEP_S_PER_LAYER = 0.8e-3  # python/launch cost of one decode step of transformers generate, per layer
+# One decode step's cost per layer beyond its weight reads and FLOPs (Python, launches, small kernels), measured on
+# the H200 at batch 1, fp32, Qwen2.5-0.5B shape (benchmarks/results/rollout_decode_h200_round_k.json: step minus
+# both floors, over 24 layers; tests/test_planner_cuda_calibration.py): transformers' generate, which stands for
+# every engine but the hf one on a GPU, and the hf engine's CUDA-graph decode step, the default on every CUDA card.
+GENERATE_STEP_S_PER_LAYER = 0.71e-3
+GRAPH_DECODE_STEP_S_PER_LAYER = 0.07e-3
 # The model's own rate per tokens in a micro-batch, relative to its best: the Qwen2.5-0.5B shape in fp32 on the
 # H200, training (forward + backward) and forward-only (benchmarks/results/train_microbatch_rate_h200_fp32.json;
 # tests/test_planner_cuda_calibration.py checks these against it). A card with fewer SMs saturates earlier; for
@@ -79,8 +83,9 @@ def step_seconds(job: JobSpec, c: Choice, device_name: str) -> dict[str, float]:
     out: dict[str, float] = {}
     calls = -(-rows // max(1, min(c.rollout_batch, rows)))
     batch = min(c.rollout_batch, rows)
+    fixed = GRAPH_DECODE_STEP_S_PER_LAYER if job.engine == "hf" and job.on_gpu else GENERATE_STEP_S_PER_LAYER
     per_token = (
-        GENERATE_STEP_S_PER_LAYER * a.layers
+        fixed * a.layers
         + a.lm_params * job.rollout_bytes / (r.mem_gbs * 1e9)
         + 2 * a.lm_params * batch / _rate(r, job.rollout_bytes)
     )
