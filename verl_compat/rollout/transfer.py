@@ -21,6 +21,7 @@ above the bucket (Qwen2.5-0.5B's fp32 embedding is 545 MB, the bucket often 512 
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 import shutil
 import sys
@@ -33,10 +34,14 @@ from typing import Any
 
 import torch
 
+log = logging.getLogger("verl_compat.rollout.transfer")
 CUDA_IPC = "cuda_ipc"
 SHARED_MEMORY = "shared_memory"
 _VERL_MODULE = "verl_compat.rollout._verl_bucketed_weight_transfer"
 _CREATED_HERE: set[str] = set()  # shared-memory names this process created (and its resource tracker owns)
+SEGMENT_PREFIX = "verl_compat_w_"
+SHM_DIR = Path("/dev/shm")
+_swept = False
 
 
 def verl_transfer_helpers():
@@ -99,8 +104,9 @@ class _Segment:
             self.buffer = tensor if tensor is not None else torch.empty(nbytes, dtype=torch.uint8, device=device)
             self.descriptor = {"key": self.key, "kind": CUDA_IPC, "handle": reduce_tensor(self.buffer)}
         else:
+            sweep_once()
             _check_shm_space(nbytes)
-            self.shm = verl_transfer_helpers().create_shared_memory(nbytes, f"verl_compat_w_{self.key}")
+            self.shm = verl_transfer_helpers().create_shared_memory(nbytes, segment_name(os.getpid(), self.key))
             _CREATED_HERE.add(self.shm.name)
             self.buffer = torch.frombuffer(self.shm.buf, dtype=torch.uint8, count=nbytes)
             self.descriptor = {"key": self.key, "kind": SHARED_MEMORY, "name": self.shm.name, "size": nbytes}
@@ -118,6 +124,65 @@ def _stage(buffer: torch.Tensor, offset: int, tensor: torch.Tensor) -> None:
     # no view of a shared-memory buffer may outlive the call: the segment cannot close while one exists
     nbytes = tensor.numel() * tensor.element_size()
     buffer[offset : offset + nbytes].view(tensor.dtype).view(tensor.shape).copy_(tensor, non_blocking=True)
+
+
+# A segment lives for one sync and its creator unlinks it; a creator killed mid-sync together with its resource
+# tracker (SIGKILL to the process group) leaves it in /dev/shm, which is RAM, until reboot. Names carry the
+# creator's pid namespace and pid, so a later sync can remove those whose creator is gone: only within the same
+# pid namespace, where a pid that does not exist is a dead creator (a live one elsewhere would not be visible).
+def _pid_namespace() -> int:
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return 0
+
+
+def segment_name(pid: int, key: str) -> str:
+    return f"{SEGMENT_PREFIX}{_pid_namespace()}_{pid}_{key}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
+def sweep_stale_segments(shm_dir: Path = SHM_DIR) -> list[str]:
+    """Unlink this pid namespace's weight-sync segments whose creator no longer runs; returns their names."""
+    if not shm_dir.is_dir():
+        return []
+    mine = f"{SEGMENT_PREFIX}{_pid_namespace()}_"
+    removed, freed = [], 0
+    for entry in shm_dir.iterdir():
+        pid = entry.name[len(mine) :].split("_", 1)[0] if entry.name.startswith(mine) else ""
+        if not pid.isdigit() or int(pid) == os.getpid() or _alive(int(pid)):
+            continue
+        try:
+            size = entry.stat().st_size
+            entry.unlink()
+        except FileNotFoundError:  # another process swept it first
+            continue
+        removed.append(entry.name)
+        freed += size
+    if removed:
+        log.warning(
+            "removed %d weight-sync segment(s) of processes that no longer run from %s (%d MiB)",
+            len(removed),
+            shm_dir,
+            freed >> 20,
+        )
+    return removed
+
+
+def sweep_once() -> None:
+    global _swept
+    if not _swept:
+        _swept = True
+        sweep_stale_segments()
 
 
 def _check_shm_space(nbytes: int) -> None:
