@@ -8,6 +8,7 @@ Same values as the model's own forward and backward (fp32, a tiny Llama and a ti
 from __future__ import annotations
 
 import copy
+import io
 
 import pytest
 import torch
@@ -52,6 +53,14 @@ def test_fused_norms_give_the_models_values_and_gradients(build) -> None:
     for name in want_grads:
         torch.testing.assert_close(got_grads[name], want_grads[name], rtol=1e-4, atol=1e-6, msg=name)
     assert fused.state_dict().keys() == model.state_dict().keys()
+    # a fused model saves, loads and copies as a whole, and stays fused
+    buffer = io.BytesIO()
+    torch.save(fused, buffer)
+    buffer.seek(0)
+    for again in (torch.load(buffer, weights_only=False), copy.deepcopy(fused)):
+        assert norms.fused_count(again) == norms.fused_count(fused)
+        assert all(m.forward.norm is m for m in again.modules() if hasattr(m, "_verl_compat_eps"))  # its own weight
+        torch.testing.assert_close(again(input_ids=ids).logits, got_logits, rtol=1e-5, atol=1e-6)
 
 
 class OnePlusWeightRMSNorm(torch.nn.Module):

@@ -44,6 +44,17 @@ def fused_forward(self: Any, hidden_states: torch.Tensor) -> torch.Tensor:
     return F.rms_norm(hidden_states, (hidden_states.shape[-1],), self.weight, self._verl_compat_eps)
 
 
+class _FusedForward:
+    """``fused_forward`` bound to one norm; an object rather than a bound method so that a model holding it can
+    be pickled (``torch.save(model)``) and deep-copied like any other."""
+
+    def __init__(self, norm: torch.nn.Module):
+        self.norm = norm
+
+    def __call__(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return fused_forward(self.norm, hidden_states)
+
+
 def _probe(cls: type, eps: float) -> bool:
     """True when ``cls.forward`` computes ``F.rms_norm`` (weight scaled, this eps) on a probe instance."""
     gen = torch.Generator().manual_seed(0)
@@ -86,7 +97,7 @@ def fuse_rms_norms(model: torch.nn.Module) -> int:
     for module in model.modules():
         if is_plain_rms_norm(module):
             module._verl_compat_eps = _eps(module)
-            module.forward = fused_forward.__get__(module)
+            module.forward = _FusedForward(module)
             count += 1
     return count
 
