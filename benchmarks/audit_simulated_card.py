@@ -3,9 +3,11 @@ Triton or torch.compile ran, and the peak memory, for verl's actor update, refer
 the hf rollout engine's generation: the same steps as tests/test_engine_step.py, on CUDA.
 
     VERL_COMPAT_DEVICE=p40 python benchmarks/audit_simulated_card.py --model PATH --out audit.json
+    ... --out host_optim.json -- actor_rollout_ref.actor.fsdp_config.offload_policy=true   # more verl overrides
 
-Prints a table and writes JSON. Exit status 1 when the profile's policy did not hold (e.g. a bf16 or fp16 op or
-kernel under p40, a Triton kernel, a torch.compile call).
+Prints a table and writes JSON, with whether the update changed every weight and where the optimizer state
+lives (FSDP2's CPU offload policy keeps it, and the step, on the host). Exit status 1 when the profile's policy
+did not hold (e.g. a bf16 or fp16 op or kernel under p40, a Triton kernel, a torch.compile call).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ def main() -> int:
     ap.add_argument("--out", default="audit.json")
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--new-tokens", type=int, default=32)
+    ap.add_argument("extra", nargs="*", help="after --: more verl overrides for the job's config")
     args = ap.parse_args()
     profile_name = os.environ.get("VERL_COMPAT_DEVICE", "")
     for k, v in {"MASTER_ADDR": "127.0.0.1", "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}.items():
@@ -45,6 +48,7 @@ def main() -> int:
         overrides,
         padded,
         padded_batch,
+        params_snapshot,
         to_engine_input,
     )
 
@@ -61,7 +65,7 @@ def main() -> int:
 
     prof_dev = detect()
     model = Path(args.model)
-    config = compose_ppo_config(overrides(model))
+    config = compose_ppo_config(overrides(model) + list(args.extra))
     audit = DtypeAudit()
 
     class AuditedEngine(HFGenerationEngine):
@@ -83,8 +87,14 @@ def main() -> int:
             ref_td = to_engine_input(fields, calculate_entropy=False, compute_loss=False)
             refl = padded(ref.compute_ref_log_prob(ref_td), "log_probs", ref_td).float()
             upd = actor_update_input(fields, old, refl)
+            before = params_snapshot(actor.actor.engine.module)
             actor.update_actor(upd)
+            after = params_snapshot(actor.actor.engine.module)
         train_peak = torch.cuda.max_memory_allocated()
+        optimizer = actor.actor.engine.optimizer
+        state_devices = sorted(
+            {t.device.type for st in optimizer.state.values() for t in st.values() if torch.is_tensor(t) and t.dim()}
+        )
         rcfg = config.actor_rollout_ref.rollout
         attn = config.actor_rollout_ref.model.override_config.get("attn_implementation", "flash_attention_2")
         engine = AuditedEngine(str(model), dtype=torch_dtype(rcfg.dtype), attn_implementation=attn, device="cuda")
@@ -128,6 +138,9 @@ def main() -> int:
         "flash_attn_imported": "flash_attn" in sys.modules,
         "memory_capped_to_profile": bool(simulate._capped),
         "sdpa_flash_cudnn_enabled": [torch.backends.cuda.flash_sdp_enabled(), torch.backends.cuda.cudnn_sdp_enabled()],
+        "extra_overrides": list(args.extra),
+        "weights_changed": f"{sum(not torch.equal(before[n], after[n]) for n in before)} of {len(before)}",
+        "optimizer_state_devices": state_devices,
         "generated_tokens": sum(len(r.token_ids) for r in results),
         "train_peak_gib": round(train_peak / 2**30, 3),
         "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 3),
