@@ -80,6 +80,13 @@ def main() -> int:
             with audit:
                 return super()._decode_run(deliver)
 
+    # verl's fused head patches the model CLASS's forward (one model config per worker process); here the rollout
+    # engine loads the same class in the same process, so it gets transformers' forward back before it does
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    model_class = AutoModelForCausalLM._model_mapping[type(AutoConfig.from_pretrained(model))]  # noqa: SLF001
+    transformers_forward = model_class.forward
+
     torch.cuda.reset_peak_memory_stats()
     with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
         actor = ActorRolloutRefWorker(config=config.actor_rollout_ref, role="actor")
@@ -102,6 +109,7 @@ def main() -> int:
         state_devices = sorted(
             {t.device.type for st in optimizer.state.values() for t in st.values() if torch.is_tensor(t) and t.dim()}
         )
+        model_class.forward = transformers_forward
         rcfg = config.actor_rollout_ref.rollout
         attn = config.actor_rollout_ref.model.override_config.get("attn_implementation", "flash_attention_2")
         engine = AuditedEngine(str(model), dtype=torch_dtype(rcfg.dtype), attn_implementation=attn, device="cuda")
