@@ -184,3 +184,45 @@ def test_the_actors_passes_get_token_budgets_in_place_of_row_counts(job_override
         assert not set(writes) & set(K.TOKEN_KEYS), extra
     _, _, writes = _decide("a100", job_overrides)  # sm_80+: upstream's
     assert not set(writes) & set(K.TOKEN_KEYS)
+
+
+HOST_OPTIMIZER = [  # FSDP2's CPU offload policy for actor and critic: weights, grads and AdamW on the host
+    "actor_rollout_ref.actor.strategy=fsdp2",
+    "critic.strategy=fsdp2",
+    "actor_rollout_ref.actor.fsdp_config.offload_policy=true",
+    "critic.fsdp.offload_policy=true",
+]
+
+
+def test_fsdp2_cpu_offload_policy_is_counted_so_a_15b_ppo_job_is_not_refused(tmp_path):
+    """A Qwen2.5-1.5B PPO job needs 16 bytes per parameter on a P40 during the update under verl's param and
+    optimizer offload (AdamW's state comes back for the step), so it is refused; with the user's FSDP2 CPU offload
+    policy the step is on the host and only streamed units, their gradients and activations are on the card."""
+    model = write_config(tmp_path / "qwen2.5-1.5b", "1.5B")
+    base = [
+        f"actor_rollout_ref.model.path={model}",
+        f"critic.model.path={model}",
+        "trainer.n_gpus_per_node=1",
+        "data.train_batch_size=8",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+        "critic.ppo_mini_batch_size=8",
+        "data.max_prompt_length=256",
+        "data.max_response_length=256",
+        "algorithm.use_kl_in_reward=true",
+    ]
+    with pytest.raises(PlanError, match=r"actor optimizer 11\.50 GiB"):
+        _decide("p40", base)
+    _, decisions, writes = _decide("p40", [*base, *HOST_OPTIMIZER])
+    plan = decisions["memory.plan"]
+    assert plan.value["total"] <= get_profile("p40").total_memory_bytes
+    update = next(r for r in plan.reasons if r.startswith("trainer/update_actor:"))
+    assert "actor units streamed from host" in update and "actor unit gradients on their way to the host" in update
+    assert "actor optimizer" not in update and "actor weights" not in update and "critic weights" not in update
+    sync = next(r for r in plan.reasons if r.startswith("trainer/update_weights:"))
+    assert "staging bucket" not in sync  # gathered on the host, staged in shared memory
+    assert any("host optimizer" in r for r in plan.reasons if r.startswith("estimated step"))
+    host = next(r for r in plan.reasons if r.startswith("host memory for the models"))
+    assert "actor 23.00 GiB" in host and "critic 23.00 GiB" in host  # 16 bytes per parameter each, on the host
+    # verl ignores param/optimizer offload under the offload policy: the plan leaves them off
+    for key in (K.ACTOR_PARAM_OFFLOAD, K.ACTOR_OPTIM_OFFLOAD, K.CRITIC_PARAM_OFFLOAD, K.CRITIC_OPTIM_OFFLOAD):
+        assert writes.get(key, False) is False, key

@@ -160,26 +160,50 @@ def _cast_copies(shape: ModelShape, compute_bytes: int, master_bytes: int) -> in
     return 0 if compute_bytes == master_bytes else 2 * shape.largest_unit_params * compute_bytes
 
 
+def _streamed(shape: ModelShape, compute_bytes: int, master_bytes: int, train: bool) -> dict[str, int]:
+    """A model under FSDP2's CPU offload policy, in one of its passes: the unit being computed and the next one
+    (prefetched) come in from the host in the master dtype and are cast to the compute dtype; in a backward each
+    of those units' gradients too, before they go back to the host. Nothing stays between passes."""
+    unit = 2 * shape.largest_unit_params
+    parts = {
+        "units streamed from host": unit * (master_bytes + (compute_bytes if compute_bytes != master_bytes else 0))
+    }
+    if train:
+        parts["unit gradients on their way to the host"] = unit * master_bytes
+    return parts
+
+
 def trainer_phases(job: JobSpec, c: Choice) -> list[Phase]:
     a, m = job.actor, job.master_bytes
     pa = a.lm_params // job.world  # FSDP shards weights, grads and optimizer state over the ranks
     phases: list[Phase] = []
     crit = job.critic
     pc = crit.value_params // job.world if crit else 0
+    host_a, host_c = job.host_offload
 
     def others(skip: str) -> dict[str, int]:
         out = {}
         if skip != "actor":
-            for k, v in _resident(pa, job, c.actor_param_offload, c.actor_optim_offload).items():
+            offload = (c.actor_param_offload or host_a, c.actor_optim_offload or host_a)
+            for k, v in _resident(pa, job, *offload).items():
                 out[f"actor {k} (resident)"] = v
         if crit and skip != "critic":
-            for k, v in _resident(pc, job, c.critic_param_offload, c.critic_optim_offload).items():
+            offload = (c.critic_param_offload or host_c, c.critic_optim_offload or host_c)
+            for k, v in _resident(pc, job, *offload).items():
                 out[f"critic {k} (resident)"] = v
         return out
 
-    cast_a = _cast_copies(a, job.train_bytes, m)
-    p = Phase("trainer", "old_log_prob", {"actor weights": pa * m, "actor fp16/32 unit copies": cast_a})
-    if not c.actor_optim_offload:
+    def own(role: str, shape: ModelShape, params: int, compute: int, train: bool) -> dict[str, int]:
+        """The model of the phase: on the card whole (and its optimizer for an update), or streamed from host."""
+        if (host_a, host_c)[role == "critic"]:
+            return {f"{role} {k}": v for k, v in _streamed(shape, compute, m, train).items()}
+        parts = {f"{role} weights": params * m, f"{role} fp16/32 unit copies": _cast_copies(shape, compute, m)}
+        if train:
+            parts |= {f"{role} grads": params * m, f"{role} optimizer": params * m * ADAM_STATES}
+        return parts
+
+    p = Phase("trainer", "old_log_prob", own("actor", a, pa, job.train_bytes, False))
+    if not (c.actor_optim_offload or host_a):
         p.parts["actor optimizer (resident)"] = pa * m * ADAM_STATES
     p.parts["activations"] = phase_activations(job, "old_log_prob", c.logprob_micro, c)
     p.parts |= others("actor")
@@ -192,31 +216,31 @@ def trainer_phases(job: JobSpec, c: Choice) -> list[Phase]:
         phases.append(p)
 
     if crit:
-        cast_c = _cast_copies(crit, job.critic_train_bytes, m)
-        p = Phase("trainer", "values", {"critic weights": pc * m, "critic fp16/32 unit copies": cast_c})
-        if not c.critic_optim_offload:
+        p = Phase("trainer", "values", own("critic", crit, pc, job.critic_train_bytes, False))
+        if not (c.critic_optim_offload or host_c):
             p.parts["critic optimizer (resident)"] = pc * m * ADAM_STATES
         p.parts["activations"] = phase_activations(job, "values", c.critic_fwd_micro, c)
         p.parts |= others("critic")
         phases.append(p)
-        p = Phase("trainer", "update_critic", {"critic weights": pc * m, "critic fp16/32 unit copies": cast_c})
-        p.parts |= {"critic grads": pc * m, "critic optimizer": pc * m * ADAM_STATES}
+        p = Phase("trainer", "update_critic", own("critic", crit, pc, job.critic_train_bytes, True))
         p.parts["activations"] = phase_activations(job, "update_critic", c.critic_micro, c)
         p.parts |= others("critic")
         phases.append(p)
 
-    p = Phase("trainer", "update_actor", {"actor weights": pa * m, "actor fp16/32 unit copies": cast_a})
-    p.parts |= {"actor grads": pa * m, "actor optimizer": pa * m * ADAM_STATES}
+    p = Phase("trainer", "update_actor", own("actor", a, pa, job.train_bytes, True))
     p.parts["activations"] = phase_activations(job, "update_actor", c.actor_micro, c)
     p.parts |= others("actor")
     phases.append(p)
 
-    p = Phase("trainer", "update_weights", {"actor weights": pa * m, "largest tensor gathered": a.embedding_params * m})
-    # the hf engine's sync stages tensors in one bucket (capped at the rollout's model size: Qwen2.5-0.5B fp32
-    # fills 1.98 GB of the default 2048 MB); vLLM/SGLang servers bring their own transfer and are not planned here
-    if job.engine == "hf":
-        p.parts["weight sync staging bucket"] = min(job.sync_bucket_bytes, a.lm_params * job.rollout_bytes)
-    if not c.actor_optim_offload:
+    # host-offloaded weights are gathered on the host and staged in shared memory: nothing of the sync on the card
+    p = Phase("trainer", "update_weights")
+    if not host_a:
+        p.parts |= {"actor weights": pa * m, "largest tensor gathered": a.embedding_params * m}
+        # the hf engine's sync stages tensors in one bucket (capped at the rollout's model size: Qwen2.5-0.5B fp32
+        # fills 1.98 GB of the default 2048 MB); vLLM/SGLang servers bring their own transfer, not planned here
+        if job.engine == "hf":
+            p.parts["weight sync staging bucket"] = min(job.sync_bucket_bytes, a.lm_params * job.rollout_bytes)
+    if not (c.actor_optim_offload or host_a):
         p.parts["actor optimizer (resident)"] = pa * m * ADAM_STATES
     p.parts |= others("actor")
     phases.append(p)
@@ -242,7 +266,7 @@ def optimizer_step_bytes(job: JobSpec, phase: str) -> int:
     if not job.on_gpu or phase not in ("update_actor", "update_critic"):
         return 0
     shape = job.actor if phase == "update_actor" else job.critic
-    if shape is None:
+    if shape is None or job.host_offload[phase == "update_critic"]:  # FSDP2's CPU offload steps on the host
         return 0
     step = job.adam_step[0 if phase == "update_actor" else 1]
     if step == "fused":  # the fused kernel updates in place

@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from verl_compat.config_keys import trainer_gpus
+from verl_compat.config_keys import ACTOR, CRITIC, FSDP_ROLES, trainer_gpus
 from verl_compat.planner import keys as K
 from verl_compat.planner.shape import ModelShape
 
@@ -73,6 +73,9 @@ class JobSpec:
     # the actor's passes sized by token budgets (verl's use_dynamic_bsz) instead of rows: packed sequences and none
     # of K.TOKEN_KEYS or the actor's row counts set by the user (see token_budgets_allowed)
     token_budgets: bool = False
+    # (actor, critic) trained with FSDP2's CPU offload policy (strategy fsdp2 + offload_policy, the user's choice):
+    # weights, gradients and AdamW state in host memory, the optimizer step on the host, each FSDP unit streamed in
+    host_offload: tuple[bool, bool] = (False, False)
     settings: Mapping[str, Setting] = field(default_factory=dict)
 
     @property
@@ -144,6 +147,11 @@ class JobSpec:
             critic_path = os.path.expanduser(str(get("critic.model.path", actor_path) or actor_path))
             critic = actor if critic_path == actor_path else load_for("critic.model.path", critic_path)
         world = trainer_gpus(config)
+
+        def host_offloaded(role: str) -> bool:  # verl's engine ignores param/optimizer offload then
+            fsdp, role_cfg = FSDP_ROLES[role]
+            return str(get(f"{role_cfg}.strategy", "fsdp")) == "fsdp2" and bool(get(f"{fsdp}.offload_policy", False))
+
         settings = {k: Setting(OmegaConf.select(config, k, default=None), is_requested(k)) for k in K.PLANNED_KEYS}
         token_keys_set = any(is_requested(k) for k in K.TOKEN_KEYS)
         train_batch = int(get("data.train_batch_size", 1))
@@ -174,5 +182,6 @@ class JobSpec:
             fused_head=fused_head,
             fused_chunk=int(fused_chunk),
             token_budgets=token_budgets_allowed(packed, token_keys_set, settings),
+            host_offload=(host_offloaded(ACTOR), need_critic and host_offloaded(CRITIC)),
             settings=settings,
         )

@@ -18,6 +18,7 @@ from typing import Any
 from verl_compat.errors import VerlCompatError
 from verl_compat.planner import keys as K
 from verl_compat.planner.estimate import (
+    ADAM_STATES,
     CONTEXT_ROLLOUT,
     CONTEXT_TRAINER,
     FRAGMENTATION,
@@ -99,6 +100,16 @@ class MemoryPlan:
             trainer = self.job.card_bytes - rollout - e.contexts - e.headroom // 2
         return {"trainer": trainer, "rollout": rollout}
 
+    def host_bytes(self) -> dict[str, int]:
+        """Host memory the FSDP2 CPU offload policy keeps per model: master weights, grads and AdamW's two states."""
+        job, out = self.job, {}
+        per_param = job.master_bytes * (2 + ADAM_STATES)
+        if job.host_offload[0]:
+            out["actor"] = job.actor.lm_params // job.world * per_param
+        if job.host_offload[1] and job.critic:
+            out["critic"] = job.critic.value_params // job.world * per_param
+        return out
+
     def value(self, key: str) -> Any:
         if key == K.ROLLOUT_TOKENS:
             return self.choice.rollout_batch * self.job.seq_len
@@ -146,13 +157,20 @@ class MemoryPlan:
             f"tokens per GPU; critic {'yes' if job.critic else 'no'}, reference {'yes' if job.need_ref else 'no'}",
         ]
         for ph in [*e.trainer, *e.rollout]:
-            parts = ", ".join(f"{k} {gib(v)}" for k, v in ph.parts.items())
+            parts = ", ".join(f"{k} {gib(v)}" for k, v in ph.parts.items()) or "nothing on the card"
             lines.append(f"{ph.process}/{ph.name}: {gib(ph.total)} = {parts}")
         lines.append(
             f"card {gib(job.card_bytes)} = trainer share {gib(e.share('trainer'))} (peak {e.trainer_peak.name} + "
             f"{FRAGMENTATION:.0%} allocator slack) + rollout share {gib(e.share('rollout'))} + CUDA contexts "
             f"{gib(e.contexts)} + headroom {gib(e.headroom)} ({HEADROOM:.0%}); free {gib(-e.overflow)}"
         )
+        host = self.host_bytes()
+        if host:
+            what = ", ".join(f"{role} {gib(n)}" for role, n in host.items())
+            lines.append(
+                f"host memory for the models under FSDP2's CPU offload policy (weights, grads, AdamW state): {what}"
+                " (not planned: the host must have it free)"
+            )
         if e.on_gpu and e.fits:
             caps = self.shares
             lines.append(
@@ -200,6 +218,8 @@ def _options(job: JobSpec, key: str, free: frozenset[str]) -> list[Any]:
         return sorted({-(-job.rows // k) for k in range(1, job.rows + 1)}, reverse=True)
     if fld.startswith("critic") and job.critic is None:
         return [False]
+    if fld.endswith("_offload") and job.host_offload[fld.startswith("critic")]:
+        return [False]  # FSDP2's CPU offload policy already holds that model on the host; verl ignores these keys
     return [False, True]
 
 

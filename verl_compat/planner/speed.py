@@ -37,6 +37,7 @@ RATES = {
     "cpu": Rates(0.2, 0.1, 20, 1000),
 }
 GENERIC = Rates(10, 20, 400, 12)
+HOST_MEMORY_GBS = 20  # a desktop's host memory bandwidth, for AdamW stepped on the host (FSDP2's CPU offload)
 # One decode step's cost per layer beyond its weight reads and FLOPs (Python, launches, small kernels), measured on
 # the H200 at batch 1, fp32, Qwen2.5-0.5B shape (benchmarks/results/rollout_decode_h200_round_k.json: step minus
 # both floors, over 24 layers; tests/test_planner_cuda_calibration.py): transformers' generate, which stands for
@@ -123,5 +124,18 @@ def step_seconds(job: JobSpec, c: Choice, device_name: str) -> dict[str, float]:
             moved += 2 * 2 * 2 * pc
         if c.critic_optim_offload:
             moved += 2 * ADAM_STATES * pc
+    # FSDP2's CPU offload policy: every pass streams the model's units in (master dtype), every backward sends its
+    # gradients out, and AdamW steps on the host (reads weights, grads and both states, writes three of them)
+    host_a, host_c = job.host_offload
+    streamed = []  # (bytes of the model, passes over it, backwards)
+    if host_a:
+        updates = -(-rows // max(1, c.actor_micro))
+        streamed.append((pa, -(-rows // max(1, c.logprob_micro)) + updates * (2 + int(c.actor_gc)), updates))
+    if host_c and job.critic:
+        updates = -(-rows // max(1, c.critic_micro))
+        streamed.append((pc, -(-rows // max(1, c.critic_fwd_micro)) + updates * (2 + int(c.critic_gc)), updates))
+    for size, passes, backwards in streamed:
+        moved += (passes + backwards) * size
+        out["host optimizer"] = out.get("host optimizer", 0.0) + 7 * size / (HOST_MEMORY_GBS * 1e9)
     out["offload"] = moved / (r.host_gbs * 1e9)
     return out
