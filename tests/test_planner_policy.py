@@ -194,7 +194,7 @@ HOST_OPTIMIZER = [  # FSDP2's CPU offload policy for actor and critic: weights, 
 ]
 
 
-def test_fsdp2_cpu_offload_policy_is_counted_so_a_15b_ppo_job_is_not_refused(tmp_path):
+def test_fsdp2_cpu_offload_policy_is_counted_so_a_15b_ppo_job_is_not_refused(tmp_path, job_overrides):
     """A Qwen2.5-1.5B PPO job needs 16 bytes per parameter on a P40 during the update under verl's param and
     optimizer offload (AdamW's state comes back for the step), so it is refused; with the user's FSDP2 CPU offload
     policy the step is on the host and only streamed units, their gradients and activations are on the card."""
@@ -223,6 +223,21 @@ def test_fsdp2_cpu_offload_policy_is_counted_so_a_15b_ppo_job_is_not_refused(tmp
     assert any("host optimizer" in r for r in plan.reasons if r.startswith("estimated step"))
     host = next(r for r in plan.reasons if r.startswith("host memory for the models"))
     assert "actor 23.00 GiB" in host and "critic 23.00 GiB" in host  # 16 bytes per parameter each, on the host
+    # the step runs on the host: not the fused CUDA AdamW the P40 gets otherwise (memory.optimizer_step)
+    assert decisions["memory.optimizer_step"].value != "fused"
+    assert _decide("p40", job_overrides)[1]["memory.optimizer_step"].value == "fused"  # the 0.5B job's
     # verl ignores param/optimizer offload under the offload policy: the plan leaves them off
     for key in (K.ACTOR_PARAM_OFFLOAD, K.ACTOR_OPTIM_OFFLOAD, K.CRITIC_PARAM_OFFLOAD, K.CRITIC_OPTIM_OFFLOAD):
         assert writes.get(key, False) is False, key
+
+
+def test_the_offload_policy_counts_only_under_fsdp2():
+    from verl_compat.config_keys import ACTOR, CRITIC, cpu_offload_policy
+
+    def config(*overrides):
+        return OmegaConf.from_dotlist(list(overrides))
+
+    assert cpu_offload_policy(config(*HOST_OPTIMIZER), ACTOR) and cpu_offload_policy(config(*HOST_OPTIMIZER), CRITIC)
+    # FSDP1 (verl's default strategy) ignores offload_policy
+    assert not cpu_offload_policy(config("actor_rollout_ref.actor.fsdp_config.offload_policy=true"), ACTOR)
+    assert not cpu_offload_policy(config("actor_rollout_ref.actor.strategy=fsdp2"), ACTOR)

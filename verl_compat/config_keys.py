@@ -36,6 +36,17 @@ def trainer_gpus(config) -> int:
     return get("trainer.n_gpus_per_node", 1) * get("trainer.nnodes", 1)
 
 
+def cpu_offload_policy(config, role: str) -> bool:
+    """Does verl train `role` with FSDP2's CPU offload policy (weights, grads and AdamW state on the host, the step
+    there)? verl's engine honours `offload_policy` only under strategy fsdp2, and then ignores param/optimizer
+    offload for that model."""
+    from omegaconf import OmegaConf
+
+    fsdp, role_cfg = FSDP_ROLES[role]
+    strategy = OmegaConf.select(config, f"{role_cfg}.strategy", default=None) or "fsdp"
+    return str(strategy) == "fsdp2" and bool(OmegaConf.select(config, f"{fsdp}.offload_policy", default=False))
+
+
 def fsdp_keys(suffix: str) -> str:
     """A key of every role's FSDP engine config, for seams that run in an engine that does not know its role:
     'actor_rollout_ref.actor.fsdp_config.X | actor_rollout_ref.ref.fsdp_config.X | critic.fsdp.X'."""

@@ -14,7 +14,16 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from verl_compat.config_keys import ACTOR, CRITIC, FSDP_ROLES, MODEL_ROLES, ROLLOUT, fused_keys, trainer_gpus
+from verl_compat.config_keys import (
+    ACTOR,
+    CRITIC,
+    FSDP_ROLES,
+    MODEL_ROLES,
+    ROLLOUT,
+    cpu_offload_policy,
+    fused_keys,
+    trainer_gpus,
+)
 from verl_compat.decision import Decision
 from verl_compat.profile import DeviceProfile
 from verl_compat.resolvers import attention, dtype, helpers, kernels, memory, placement, rollout_engine
@@ -313,15 +322,15 @@ def _optimizer_step(plan: _Plan) -> None:
     that dict unset (a dict they set is theirs, whatever it holds)."""
     from verl_compat.preflight import needs_critic
 
-    roles = [(ACTOR, "actor_rollout_ref.actor.optim", FSDP_ROLES[ACTOR][0])]
+    roles = [(ACTOR, "actor_rollout_ref.actor.optim")]
     if needs_critic(plan.config):
-        roles.append((CRITIC, "critic.optim", FSDP_ROLES[CRITIC][0]))
-    for role, optim, fsdp in roles:
+        roles.append((CRITIC, "critic.optim"))
+    for role, optim in roles:
         key = f"{optim}.override_optimizer_config"
         facts = {
             "optimizer": _get(plan.config, f"{optim}.optimizer"),
             "optimizer_impl": _get(plan.config, f"{optim}.optimizer_impl"),
-            "offload_policy": bool(_get(plan.config, f"{fsdp}.offload_policy")),
+            "offload_policy": cpu_offload_policy(plan.config, role),
             "loss_scaling": _train_dtype(plan, role) in ("fp16", "float16"),
         }
         # a dict (or one of its keys) the user set is passed through as theirs: reported, never replaced

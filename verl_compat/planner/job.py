@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from verl_compat.config_keys import ACTOR, CRITIC, FSDP_ROLES, trainer_gpus
+from verl_compat.config_keys import ACTOR, CRITIC, cpu_offload_policy, trainer_gpus
 from verl_compat.planner import keys as K
 from verl_compat.planner.shape import ModelShape
 
@@ -148,10 +148,6 @@ class JobSpec:
             critic = actor if critic_path == actor_path else load_for("critic.model.path", critic_path)
         world = trainer_gpus(config)
 
-        def host_offloaded(role: str) -> bool:  # verl's engine ignores param/optimizer offload then
-            fsdp, role_cfg = FSDP_ROLES[role]
-            return str(get(f"{role_cfg}.strategy", "fsdp")) == "fsdp2" and bool(get(f"{fsdp}.offload_policy", False))
-
         settings = {k: Setting(OmegaConf.select(config, k, default=None), is_requested(k)) for k in K.PLANNED_KEYS}
         token_keys_set = any(is_requested(k) for k in K.TOKEN_KEYS)
         train_batch = int(get("data.train_batch_size", 1))
@@ -182,6 +178,6 @@ class JobSpec:
             fused_head=fused_head,
             fused_chunk=int(fused_chunk),
             token_budgets=token_budgets_allowed(packed, token_keys_set, settings),
-            host_offload=(host_offloaded(ACTOR), need_critic and host_offloaded(CRITIC)),
+            host_offload=(cpu_offload_policy(config, ACTOR), need_critic and cpu_offload_policy(config, CRITIC)),
             settings=settings,
         )
