@@ -29,14 +29,6 @@ HALF_KERNEL = re.compile(r"bf16|bfloat16|BFloat16|fp16|f16|half|Half|__half|h884
 TRITON_KERNEL = re.compile(r"^triton_|triton", re.I)
 
 
-def host_copy(module: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Every parameter copied to host memory (world size 1: the local shard is the whole tensor)."""
-    return {
-        n: (p.to_local() if hasattr(p, "to_local") else p).detach().to("cpu", copy=True)
-        for n, p in module.named_parameters()
-    }
-
-
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True, help="HF model folder (a tiny one or SmolLM2)")
@@ -56,6 +48,7 @@ def main() -> int:
         overrides,
         padded,
         padded_batch,
+        params_snapshot,
         to_engine_input,
     )
 
@@ -95,7 +88,7 @@ def main() -> int:
         ref.init_model()
         vocab = actor.actor.engine.module.config.vocab_size if hasattr(actor.actor.engine.module, "config") else 90
         fields = {k: v for k, v in padded_batch(vocab_size=min(vocab, 1000)).items()}
-        before = host_copy(actor.actor.engine.module)  # on the host: no GPU memory in the peak
+        before = params_snapshot(actor.actor.engine.module)  # on the host: no GPU memory in the peak
         with audit:
             old_td = to_engine_input(fields, calculate_entropy=True, compute_loss=False)
             old = padded(actor.compute_log_prob(old_td), "log_probs", old_td).float()
@@ -104,7 +97,7 @@ def main() -> int:
             upd = actor_update_input(fields, old, refl)
             actor.update_actor(upd)
         train_peak = torch.cuda.max_memory_allocated()
-        after = host_copy(actor.actor.engine.module)
+        after = params_snapshot(actor.actor.engine.module)
         optimizer = actor.actor.engine.optimizer
         state_devices = sorted(
             {t.device.type for st in optimizer.state.values() for t in st.values() if torch.is_tensor(t) and t.dim()}

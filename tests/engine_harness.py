@@ -113,11 +113,12 @@ def padded(output: Any, key: str, td: Any) -> torch.Tensor:
 
 
 def params_snapshot(module: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Full (unsharded) copies of every parameter (world size 1: the local shard is the whole tensor)."""
+    """Full (unsharded) copies of every parameter in host memory, so a GPU run's peak holds none of them (world
+    size 1: the local shard is the whole tensor)."""
     out = {}
     for name, p in module.named_parameters():
         local = p.to_local() if hasattr(p, "to_local") else p
-        out[name] = local.detach().clone()
+        out[name] = local.detach().to("cpu", copy=True)
     return out
 
 

@@ -59,7 +59,7 @@ def test_fused_norms_give_the_models_values_and_gradients(build) -> None:
     buffer.seek(0)
     for again in (torch.load(buffer, weights_only=False), copy.deepcopy(fused)):
         assert norms.fused_count(again) == norms.fused_count(fused)
-        assert all(m.forward.norm is m for m in again.modules() if hasattr(m, "_verl_compat_eps"))  # its own weight
+        assert all(m.forward.norm is m for m in again.modules() if norms.is_fused(m))  # its own weight
         torch.testing.assert_close(again(input_ids=ids).logits, got_logits, rtol=1e-5, atol=1e-6)
 
 

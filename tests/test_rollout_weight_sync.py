@@ -9,12 +9,14 @@ import pytest
 import torch
 from test_rollout_server import VERL_PARAMS, make_tiny_model_dir, recomputed_logprobs, rollout_config
 
+from verl_compat.rollout import transfer
 from verl_compat.rollout.transfer import SHARED_MEMORY, BucketSender
 from verl_compat.rollout.weights import UnknownWeightError
 
 
 def _our_segments() -> set[str]:
-    return {n for n in os.listdir("/dev/shm") if n.startswith("verl_compat_w_")} if os.path.isdir("/dev/shm") else set()
+    shm = transfer.SHM_DIR
+    return {n for n in os.listdir(shm) if n.startswith(transfer.SEGMENT_PREFIX)} if shm.is_dir() else set()
 
 
 @pytest.fixture(scope="module")

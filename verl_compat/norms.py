@@ -36,23 +36,23 @@ def _eps(norm: Any) -> float | None:
     return None
 
 
-def fused_forward(self: Any, hidden_states: torch.Tensor) -> torch.Tensor:
-    """The norm's forward as one fused kernel. A weight in another dtype than the input (HF's classes then return
-    the promoted dtype) goes through the class's own forward."""
-    if self.weight.dtype != hidden_states.dtype:
-        return type(self).forward(self, hidden_states)
-    return F.rms_norm(hidden_states, (hidden_states.shape[-1],), self.weight, self._verl_compat_eps)
+class FusedForward:
+    """One norm's forward through ``F.rms_norm``, set as that module's ``forward``; an object rather than a bound
+    method so that a model holding it pickles (``torch.save(model)``) and deep-copies like any other. A weight in
+    another dtype than the input (HF's classes then return the promoted dtype) goes through the class's forward."""
 
-
-class _FusedForward:
-    """``fused_forward`` bound to one norm; an object rather than a bound method so that a model holding it can
-    be pickled (``torch.save(model)``) and deep-copied like any other."""
-
-    def __init__(self, norm: torch.nn.Module):
-        self.norm = norm
+    def __init__(self, norm: torch.nn.Module, eps: float):
+        self.norm, self.eps = norm, eps
 
     def __call__(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return fused_forward(self.norm, hidden_states)
+        norm = self.norm
+        if norm.weight.dtype != hidden_states.dtype:
+            return type(norm).forward(norm, hidden_states)
+        return F.rms_norm(hidden_states, (hidden_states.shape[-1],), norm.weight, self.eps)
+
+
+def is_fused(module: torch.nn.Module) -> bool:
+    return isinstance(module.__dict__.get("forward"), FusedForward)
 
 
 def _probe(cls: type, eps: float) -> bool:
@@ -77,7 +77,7 @@ def _probe(cls: type, eps: float) -> bool:
 
 def is_plain_rms_norm(module: torch.nn.Module) -> bool:
     cls = type(module)
-    if not cls.__name__.endswith("RMSNorm") or getattr(module, "_verl_compat_eps", None) is not None:
+    if not cls.__name__.endswith("RMSNorm") or is_fused(module):
         return False
     weight = getattr(module, "weight", None)
     eps = _eps(module)
@@ -96,11 +96,10 @@ def fuse_rms_norms(model: torch.nn.Module) -> int:
     count = 0
     for module in model.modules():
         if is_plain_rms_norm(module):
-            module._verl_compat_eps = _eps(module)
-            module.forward = _FusedForward(module)
+            module.forward = FusedForward(module, _eps(module))
             count += 1
     return count
 
 
 def fused_count(model: torch.nn.Module) -> int:
-    return sum(getattr(m, "_verl_compat_eps", None) is not None for m in model.modules())
+    return sum(is_fused(m) for m in model.modules())
