@@ -17,6 +17,10 @@ within 2x), and memory <= the simulated card throughout.
         --out benchmarks/results/p40_h200_ppo_head_to_head.json
     # one side per device call (each ~5 min), merged into the same --out:
     ... --settings a_seed_recipe ; ... --settings planned
+    # another model shape, the planned side with the user's own verl overrides after `--` (here FSDP2's CPU
+    # offload policy, without which a 1.5B PPO job does not fit a 24 GB card):
+    ... --settings planned --shape qwen2.5-1.5b -- actor_rollout_ref.actor.strategy=fsdp2 critic.strategy=fsdp2 \
+        actor_rollout_ref.actor.fsdp_config.offload_policy=true critic.fsdp.offload_policy=true
 """
 
 from __future__ import annotations
@@ -86,11 +90,12 @@ def side_report(result: dict[str, Any]) -> dict[str, Any]:
         "phases_s": phases,
         "startup_s": result["startup_s"],
         "peak_card_mib": result["memory"]["peak_total_mib"],
+        "host_peak_above_base_mib": result["memory"].get("host_peak_above_base_mib"),
         "oom": "OutOfMemoryError" in Path(result["log"]).read_text(errors="replace") if result["log"] else None,
     }
 
 
-def plan_estimate(assets: ppo_job.Assets, profile: str) -> dict[str, Any]:
+def plan_estimate(assets: ppo_job.Assets, profile: str, extra: list[str] = ()) -> dict[str, Any]:
     """The planner's own view of the planned side (what the driver will decide), for the record."""
     from verl_compat.catalog import get_profile
     from verl_compat.detect import reset_cache
@@ -102,6 +107,7 @@ def plan_estimate(assets: ppo_job.Assets, profile: str) -> dict[str, Any]:
         *ppo_job.SETTINGS[PLANNED],
         f"actor_rollout_ref.model.path={assets.model_dir}",
         f"critic.model.path={assets.model_dir}",
+        *extra,
     ]
     decisions = default_policy(get_profile(profile), overrides)
     plan = decisions["memory.plan"]
@@ -116,7 +122,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path("p40_ppo_head_to_head.json"))
     ap.add_argument("--timeout-s", type=float, default=560, help="per side")
     ap.add_argument("--trace", action="store_true", help="start-up timeline of every process (startup_trace)")
+    ap.add_argument("--shape", choices=sorted(ppo_job.SHAPES), default="qwen2.5-0.5b")
+    ap.add_argument("extra", nargs=argparse.REMAINDER, help="after --: verl overrides for the planned side only")
     args = ap.parse_args(argv)
+    extra = [a for a in args.extra if a != "--"]
     profile = os.environ.get("VERL_COMPAT_DEVICE")
     if profile not in TRAIN_DTYPE:
         print(f"set VERL_COMPAT_DEVICE to one of {sorted(TRAIN_DTYPE)} (the simulated card)", file=sys.stderr)
@@ -124,14 +133,20 @@ def main(argv: list[str] | None = None) -> int:
     from verl_compat.catalog import get_profile
 
     card_mib = get_profile(profile).total_memory_bytes / 2**20
-    assets = ppo_job.build_assets(args.assets)
+    assets = ppo_job.build_assets(args.assets, args.shape)
     report: dict[str, Any] = json.loads(args.out.read_text()) if args.out.is_file() else {}
-    report.update(profile=profile, card_mib=card_mib, steps=args.steps)
+    report.update(profile=profile, card_mib=card_mib, steps=args.steps, shape=args.shape, planned_extra=extra)
     report.setdefault("sides", {})
-    report["plan"] = plan_estimate(assets, profile)
+    report["plan"] = plan_estimate(assets, profile, extra)
     for setting in args.settings.split(","):
         result = ppo_job.run_setting(
-            setting, assets, args.steps, Path(f"/tmp/h2h-{setting}"), timeout_s=args.timeout_s, trace=args.trace
+            setting,
+            assets,
+            args.steps,
+            Path(f"/tmp/h2h-{setting}"),
+            extra=extra if setting == PLANNED else (),
+            timeout_s=args.timeout_s,
+            trace=args.trace,
         )
         report["sides"][setting] = {**side_report(result), "raw": result}
     if "matmul_tflops" not in report:
@@ -157,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{name:14} rc {side['returncode']} steps {side['steps_completed']} tokens/s {side['tokens_per_s']} "
             f"step {side['step_s']} s startup {side['startup_s']} s peak {side['peak_card_mib']} MiB "
-            f"(card {card_mib:.0f}) oom {side['oom']}"
+            f"(card {card_mib:.0f}) host +{side.get('host_peak_above_base_mib')} MiB oom {side['oom']}"
         )
         print(f"{'':14} phases {side['phases_s']}")
     for key in ("tokens_per_s_ratio", "planned_vs_floor", "matmul_tflops", "memory_within_card"):

@@ -52,7 +52,10 @@ QWEN25_05B = dict(
 )
 # Same tokenizer and vocabulary, a few layers of width 64: the job's plumbing on a CPU in minutes.
 TINY_QWEN = dict(QWEN25_05B, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
-SHAPES = {"qwen2.5-0.5b": QWEN25_05B, "tiny": TINY_QWEN}
+# Qwen2.5-1.5B (hidden 1536, 28 layers, 12 heads, 2 KV heads, tied embeddings): 1.54 B parameters; on a 24 GB
+# card it trains only with FSDP2's CPU offload policy (the memory plan says why).
+QWEN25_15B = dict(QWEN25_05B, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12)
+SHAPES = {"qwen2.5-0.5b": QWEN25_05B, "qwen2.5-1.5b": QWEN25_15B, "tiny": TINY_QWEN}
 
 GSM8K_INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
 PROMPT_TOKENS = RESPONSE_TOKENS = 256
@@ -245,8 +248,18 @@ def per_process_mib() -> dict[int, int]:
     return {int(r[0]): int(r[1]) for r in rows if len(r) == 2 and r[0].isdigit() and r[1].isdigit()}
 
 
+def host_used_mib() -> int | None:
+    """Host memory in use (MemTotal - MemAvailable), MiB: what a model under CPU offload takes from the host."""
+    try:
+        fields = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines() if ":" in line)
+        return (int(fields["MemTotal"].split()[0]) - int(fields["MemAvailable"].split()[0])) // 1024
+    except (OSError, KeyError, ValueError):
+        return None
+
+
 class GpuMemorySampler:
-    """nvidia-smi every ``period_s``: memory used on all cards, per card (index -> MiB) and per process (MiB)."""
+    """nvidia-smi every ``period_s``: memory used on all cards, per card (index -> MiB) and per process (MiB);
+    and the host's memory in use (``host_used_mib``; ``host_base_mib`` is its value before the job)."""
 
     def __init__(self, period_s: float = 1.0):
         self.period_s = period_s
@@ -254,6 +267,7 @@ class GpuMemorySampler:
         self.errors: list[str] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
+        self.host_base_mib = host_used_mib()
 
     def __enter__(self):
         self._thread.start()
@@ -273,6 +287,7 @@ class GpuMemorySampler:
                 used = sum(per_gpu.values())
                 sample = {"t": time.time(), "total_mib": used - per_pid.get(os.getpid(), 0), "per_pid_mib": per_pid}
                 sample["card_used_mib"] = used
+                sample["host_used_mib"] = host_used_mib()
                 self.samples.append({**sample, "per_gpu_mib": per_gpu})
             except FileNotFoundError:
                 self.errors.append("nvidia-smi not found")
@@ -405,6 +420,8 @@ def run_setting(
         "memory": {
             "peak_total_mib": max((s["total_mib"] for s in sampler.samples), default=None),
             "peak_per_gpu_mib": _peak_per_gpu(sampler.samples),
+            "host_base_mib": sampler.host_base_mib,
+            "host_peak_above_base_mib": _host_peak_above_base(sampler),
             "samples": sampler.samples,
             "process_names": process_names(pids),
             "errors": sampler.errors[:5],
@@ -443,6 +460,13 @@ def startup_timeline(trace_path: Path, t0: float, min_s: float = 0.2) -> list[di
         for r in rows
         if r["t1"] - r["t0"] >= min_s
     ]
+
+
+def _host_peak_above_base(sampler: GpuMemorySampler) -> int | None:
+    used = [s["host_used_mib"] for s in sampler.samples if s.get("host_used_mib") is not None]
+    if not used or sampler.host_base_mib is None:
+        return None
+    return max(used) - sampler.host_base_mib
 
 
 def _peak_per_gpu(samples: list[dict[str, Any]]) -> dict[int, int]:

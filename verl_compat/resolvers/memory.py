@@ -43,8 +43,10 @@ def _torch_adam_reasons(ctx: Context) -> list[Reason]:
 
 def _fused_reasons(ctx: Context) -> list[Reason]:
     reasons = _torch_adam_reasons(ctx)
-    if ctx.fact("offload_policy"):
-        reasons.append(hard("offload_policy", "fsdp offload_policy steps the optimizer on the CPU"))
+    if ctx.fact("offload_policy") and not host_fused_adamw():
+        reasons.append(
+            hard("offload_policy", "FSDP2's offload_policy steps on the host; this torch has no host kernel")
+        )
     if ctx.fact("loss_scaling"):
         # verl's ShardedGradScaler hands the fused step its scale; that failed on the CPU platform
         # (tests/test_engine_step.py) and is not yet run on a GPU: the loop, which the scaler has always driven
@@ -52,8 +54,25 @@ def _fused_reasons(ctx: Context) -> list[Reason]:
     return reasons
 
 
+def host_fused_adamw() -> bool:
+    """Does this torch have AdamW's fused kernel for host tensors? Under FSDP2's CPU offload policy the step runs
+    on the host, where torch's default is the per-parameter loop: the fused kernel is one vectorised, threaded pass
+    (5.5x the loop on 2 cores for 152 M parameters; same values, FSDP2's DTensors included)."""
+    try:
+        from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
+
+        return "cpu" in _get_fused_kernels_supported_devices()
+    except ImportError:
+        return False
+
+
 OPTIMIZER_STEP_OPTIONS = (
-    Option("fused", _fused_reasons, "AdamW's fused CUDA kernel: in place, no model-size temporaries", priority=10),
+    Option(
+        "fused",
+        _fused_reasons,
+        "AdamW's fused kernel (CUDA's, or the host's under FSDP2's CPU offload policy): in place, one pass",
+        priority=10,
+    ),
     Option("loop", _torch_adam_reasons, "AdamW one parameter at a time: temporaries of one parameter", priority=15),
     Option("default", why="torch's default AdamW implementation (foreach on CUDA; upstream verl)", priority=20),
 )
