@@ -195,12 +195,19 @@ HOST_OPTIMIZER = [  # FSDP2's CPU offload policy for actor and critic: weights, 
 ]
 
 
-def test_fsdp2_cpu_offload_policy_is_counted_so_a_15b_ppo_job_is_not_refused(tmp_path, job_overrides):
-    """A Qwen2.5-1.5B PPO job needs 16 bytes per parameter on a P40 during the update under verl's param and
-    optimizer offload (AdamW's state comes back for the step), so it is refused; with the user's FSDP2 CPU offload
-    policy the step is on the host and only streamed units, their gradients and activations are on the card."""
+def _host_with(monkeypatch, gib: int) -> None:
+    """This machine's RAM as the planner sees it (the offload policy's models live there)."""
+    from verl_compat import machine
+    from verl_compat.planner import resolve
+
+    facts = machine.HostFacts(cpu_count=16, memory_bytes=gib << 30, accelerator=False, accelerator_via=None)
+    monkeypatch.setattr(resolve, "host_facts", lambda: facts)
+
+
+@pytest.fixture
+def ppo_15b(tmp_path) -> list[str]:
     model = write_config(tmp_path / "qwen2.5-1.5b", "1.5B")
-    base = [
+    return [
         f"actor_rollout_ref.model.path={model}",
         f"critic.model.path={model}",
         "trainer.n_gpus_per_node=1",
@@ -211,8 +218,21 @@ def test_fsdp2_cpu_offload_policy_is_counted_so_a_15b_ppo_job_is_not_refused(tmp
         "data.max_response_length=256",
         "algorithm.use_kl_in_reward=true",
     ]
-    with pytest.raises(PlanError, match=r"actor optimizer 11\.50 GiB"):
+
+
+def test_fsdp2_cpu_offload_policy_is_counted_so_a_15b_ppo_job_is_not_refused(ppo_15b, job_overrides, monkeypatch):
+    """A Qwen2.5-1.5B PPO job needs 16 bytes per parameter on a P40 during the update under verl's param and
+    optimizer offload (AdamW's state comes back for the step), so it is refused, and the refusal names the policy
+    as the fix; with the user's FSDP2 CPU offload policy the step is on the host and only streamed units, their
+    gradients and activations are on the card."""
+    _host_with(monkeypatch, 128)
+    base = ppo_15b
+    with pytest.raises(PlanError, match=r"actor optimizer 11\.50 GiB") as refused:
         _decide("p40", base)
+    fix = str(refused.value).split("Smallest change that fits: ", 1)[1]
+    keys = "actor_rollout_ref.actor.strategy=fsdp2 actor_rollout_ref.actor.fsdp_config.offload_policy=true"
+    assert fix.startswith(f"{keys} critic.strategy=fsdp2 critic.fsdp.offload_policy=true (FSDP2's CPU offload policy")
+    assert "this machine has 128.00 GiB" in fix
     _, decisions, writes = _decide("p40", [*base, *HOST_OPTIMIZER])
     plan = decisions["memory.plan"]
     assert plan.value["total"] <= get_profile("p40").total_memory_bytes
@@ -222,8 +242,10 @@ def test_fsdp2_cpu_offload_policy_is_counted_so_a_15b_ppo_job_is_not_refused(tmp
     sync = next(r for r in plan.reasons if r.startswith("trainer/update_weights:"))
     assert "staging bucket" not in sync  # gathered on the host, staged in shared memory
     assert any("host optimizer" in r for r in plan.reasons if r.startswith("estimated step"))
-    host = next(r for r in plan.reasons if r.startswith("host memory for the models"))
+    host = next(r for r in plan.reasons if r.startswith("host memory beside FSDP2's CPU offload policy"))
     assert "actor 23.00 GiB" in host and "critic 23.00 GiB" in host  # 16 bytes per parameter each, on the host
+    assert "reference weights 5.75 GiB" in host and "weight sync staging 5.75 GiB" in host
+    assert "at least 57.51 GiB free on the host" in host
     # the step runs on the host: AdamW's fused host kernel there (torch's default is the per-parameter loop)
     assert host_fused_adamw()  # torch 2.13 has it
     assert decisions["memory.optimizer_step"].value == "fused" and writes[ACTOR_OPT] == {"fused": True}
@@ -244,3 +266,16 @@ def test_the_offload_policy_counts_only_under_fsdp2():
     # FSDP1 (verl's default strategy) ignores offload_policy
     assert not cpu_offload_policy(config("actor_rollout_ref.actor.fsdp_config.offload_policy=true"), ACTOR)
     assert not cpu_offload_policy(config("actor_rollout_ref.actor.strategy=fsdp2"), ACTOR)
+
+
+def test_the_offload_policy_needs_the_host_memory_it_keeps(ppo_15b, monkeypatch):
+    """The models under the policy live in host memory: a machine with less is refused at start-up with the
+    numbers, and a refusal on such a machine names the policy only as a note (it would not run here)."""
+    _host_with(monkeypatch, 32)
+    with pytest.raises(PlanError, match=r"at least 57\.51 GiB \(actor 23\.00 GiB.*more than this machine's 32\.00 GiB"):
+        _decide("p40", [*ppo_15b, *HOST_OPTIMIZER])
+    with pytest.raises(PlanError) as refused:
+        _decide("p40", ppo_15b)
+    fix = str(refused.value).split("Smallest change that fits: ", 1)[1]
+    assert fix.startswith("a smaller model")
+    assert "Note: FSDP2's CPU offload policy (" in fix and "needs more host memory than this machine's 32.00 GiB" in fix

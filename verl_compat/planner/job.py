@@ -76,6 +76,7 @@ class JobSpec:
     # (actor, critic) trained with FSDP2's CPU offload policy (strategy fsdp2 + offload_policy, the user's choice):
     # weights, gradients and AdamW state in host memory, the optimizer step on the host, each FSDP unit streamed in
     host_offload: tuple[bool, bool] = (False, False)
+    host_memory_bytes: int | None = None  # the machine's RAM (None: unknown), for what host_offload keeps there
     settings: Mapping[str, Setting] = field(default_factory=dict)
 
     @property

@@ -13,6 +13,7 @@ from omegaconf import OmegaConf
 
 from verl_compat.config_keys import ACTOR, fused_keys
 from verl_compat.decision import Decision
+from verl_compat.detect import host as host_facts
 from verl_compat.planner import keys as K
 from verl_compat.planner.job import JobSpec
 from verl_compat.planner.search import MemoryPlan, PlanError, plan_job
@@ -128,7 +129,7 @@ def plan_decisions(
             fused_head_mode(decisions),
             _value(decisions, "kernels.fused_chunk", UPSTREAM_FUSED_CHUNK),
             bool(_value(decisions, "attention.remove_padding", False)),
-        )
+        ).with_(host_memory_bytes=host_facts().memory_bytes)
     except (OSError, ValueError) as e:  # no model config to read (verl's default path, a typo): nothing planned
         if autos:
             raise PlanError(

@@ -101,13 +101,20 @@ class MemoryPlan:
         return {"trainer": trainer, "rollout": rollout}
 
     def host_bytes(self) -> dict[str, int]:
-        """Host memory the FSDP2 CPU offload policy keeps per model: master weights, grads and AdamW's two states."""
+        """Host memory the FSDP2 CPU offload policy keeps per model (master weights, grads and AdamW's two states)
+        and, beside it, the reference's weights (streamed from the host too) and the weight sync's shared-memory
+        staging of the rollout's weights (the actor is gathered on the host). Empty without the policy. Not
+        counted: the job's processes themselves (about 0.4-0.5 GiB each, benchmarks/helper_memory.py)."""
         job, out = self.job, {}
         per_param = job.master_bytes * (2 + ADAM_STATES)
         if job.host_offload[0]:
             out["actor"] = job.actor.lm_params // job.world * per_param
         if job.host_offload[1] and job.critic:
             out["critic"] = job.critic.value_params // job.world * per_param
+        if out and job.need_ref:
+            out["reference weights"] = job.actor.lm_params // job.world * job.master_bytes
+        if job.host_offload[0]:
+            out["weight sync staging"] = job.actor.lm_params * job.rollout_bytes
         return out
 
     def value(self, key: str) -> Any:
@@ -168,8 +175,8 @@ class MemoryPlan:
         if host:
             what = ", ".join(f"{role} {gib(n)}" for role, n in host.items())
             lines.append(
-                f"host memory for the models under FSDP2's CPU offload policy (weights, grads, AdamW state): {what}"
-                " (not planned: the host must have it free)"
+                f"host memory beside FSDP2's CPU offload policy (its models' weights, grads and AdamW state): {what}"
+                f"; at least {gib(sum(host.values()))} free on the host (the job's processes come on top)"
             )
         if e.on_gpu and e.fits:
             caps = self.shares
@@ -284,11 +291,65 @@ def plan_job(job: JobSpec, device_name: str, sm80: bool = False) -> MemoryPlan:
     free = free_keys(job, sm80)
     plan, _ = _search(job, free, device_name)
     if plan is not None:
+        _check_host_memory(plan)
         if job.use_dynamic_bsz:
             plan.notes.append("use_dynamic_bsz=true: verl sizes micro-batches by its token budgets instead")
         return plan
     _, closest = _search(job, free, device_name, closest_too=True)
     raise PlanError(_explain_misfit(job, free, closest, device_name))
+
+
+def _check_host_memory(plan: MemoryPlan) -> None:
+    """The models under FSDP2's CPU offload policy live in host memory: more than the machine has cannot run."""
+    host, ram = plan.host_bytes(), plan.job.host_memory_bytes
+    if not host or not ram or not plan.job.on_gpu or sum(host.values()) <= ram:
+        return
+    what = ", ".join(f"{role} {gib(n)}" for role, n in host.items())
+    raise PlanError(
+        f"verl-compat memory plan: FSDP2's CPU offload policy (offload_policy=true under strategy fsdp2) keeps each "
+        f"model's weights, gradients and AdamW state in host memory: at least {gib(sum(host.values()))} ({what}), "
+        f"more than this machine's {gib(ram)}. Fix: run on a machine with at least that much memory free, or train "
+        "a smaller model"
+    )
+
+
+def _policy_keys(roles: Iterable[str]) -> str:
+    """The verl keys that put `roles` under FSDP2's CPU offload policy."""
+    from verl_compat.config_keys import FSDP_ROLES
+
+    return " ".join(f"{FSDP_ROLES[r][1]}.strategy=fsdp2 {FSDP_ROLES[r][0]}.offload_policy=true" for r in roles)
+
+
+def _offload_policy_fix(job: JobSpec, free: frozenset[str], device_name: str) -> tuple[str | None, str | None]:
+    """(fix, note): FSDP2's CPU offload policy for the actor, the critic or both (in that order), where the user
+    left it off, if that fits the card and the models' host memory fits the machine; else a note when it would
+    fit the card but not this machine's memory."""
+    trained = ["actor", "critic"] if job.critic else ["actor"]
+    candidates = [[r] for r in trained if not job.host_offload[r == "critic"]]
+    if len(candidates) == 2:
+        candidates.append(trained)
+    too_big: list[str] = []
+    for roles in candidates:
+        host = (job.host_offload[0] or "actor" in roles, job.host_offload[1] or "critic" in roles)
+        plan, _ = _search(job.with_(host_offload=host), free, device_name)
+        if plan is None:
+            continue
+        need = sum(plan.host_bytes().values())
+        ram = job.host_memory_bytes
+        if ram and need > ram:
+            too_big.append(f"{' and '.join(roles)} {gib(need)}")
+            continue
+        has = f"; this machine has {gib(ram)}" if ram else ""
+        return (
+            f"{_policy_keys(roles)} (FSDP2's CPU offload policy: the {' and '.join(roles)}'s weights, gradients and "
+            f"AdamW state in host memory, at least {gib(need)} of it{has}; the optimizer steps there, slower)"
+        ), None
+    if too_big:  # said, so that a user on a bigger machine knows the way
+        return None, (
+            f"FSDP2's CPU offload policy ({_policy_keys(trained)}) would fit the card but needs more host memory "
+            f"than this machine's {gib(job.host_memory_bytes)}: {', '.join(too_big)}"
+        )
+    return None, None
 
 
 def _explain_misfit(job: JobSpec, free: frozenset[str], closest: Estimate, device_name: str) -> str:
@@ -322,7 +383,8 @@ def _smallest_fix(job: JobSpec, free: frozenset[str], fixed: list[str], device_n
             changes = [f"{k}={plan.value(k)}" for k in held if plan.value(k) != _current(job, k)]
             return "set " + ", ".join(changes) + " (or set them to auto and let verl-compat plan them)"
     length = _largest(lambda r: _search(job.with_(response_len=r), everything, device_name)[0], job.response_len)
-    fixes = []
+    fix, note = _offload_policy_fix(job, everything, device_name) if job.on_gpu else (None, None)
+    fixes = [fix] if fix else []
     if length:
         fixes.append(f"data.max_response_length={length} (shorter responses)")
     layers = _largest(
@@ -337,7 +399,8 @@ def _smallest_fix(job: JobSpec, free: frozenset[str], fixed: list[str], device_n
         small = _scaled(job.actor, layers)
         billions = small.lm_params / 1e9
         fixes.append(f"a smaller model (at most ~{billions:.2f}B parameters, e.g. {layers} layers of this width)")
-    return " or ".join(fixes) if fixes else "a card with more memory: nothing of this model's width fits"
+    said = " or ".join(fixes) if fixes else "a card with more memory: nothing of this model's width fits"
+    return f"{said}. Note: {note}" if note else said
 
 
 def _current(job: JobSpec, key: str) -> Any:
