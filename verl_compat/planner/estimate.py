@@ -173,6 +173,13 @@ def _streamed(shape: ModelShape, compute_bytes: int, master_bytes: int, train: b
     return parts
 
 
+def sync_staging_bytes(job: JobSpec) -> int:
+    """The hf engine's weight sync stages tensors in one bucket, on the card or (an actor under FSDP2's CPU
+    offload policy) in host shared memory, capped at the rollout's model size (Qwen2.5-0.5B fp32 fills 1.98 GB of
+    the default 2048 MB); vLLM/SGLang servers bring their own transfer, not planned here (0)."""
+    return min(job.sync_bucket_bytes, job.actor.lm_params * job.rollout_bytes) if job.engine == "hf" else 0
+
+
 def trainer_phases(job: JobSpec, c: Choice) -> list[Phase]:
     a, m = job.actor, job.master_bytes
     pa = a.lm_params // job.world  # FSDP shards weights, grads and optimizer state over the ranks
@@ -236,10 +243,8 @@ def trainer_phases(job: JobSpec, c: Choice) -> list[Phase]:
     p = Phase("trainer", "update_weights")
     if not host_a:
         p.parts |= {"actor weights": pa * m, "largest tensor gathered": a.embedding_params * m}
-        # the hf engine's sync stages tensors in one bucket (capped at the rollout's model size: Qwen2.5-0.5B fp32
-        # fills 1.98 GB of the default 2048 MB); vLLM/SGLang servers bring their own transfer, not planned here
         if job.engine == "hf":
-            p.parts["weight sync staging bucket"] = min(job.sync_bucket_bytes, a.lm_params * job.rollout_bytes)
+            p.parts["weight sync staging bucket"] = sync_staging_bytes(job)
     if not (c.actor_optim_offload or host_a):
         p.parts["actor optimizer (resident)"] = pa * m * ADAM_STATES
     p.parts |= others("actor")

@@ -31,6 +31,7 @@ from verl_compat.planner.estimate import (
     optimizer_step_bytes,
     phase_activations,
     rollout_phases,
+    sync_staging_bytes,
     trainer_phases,
 )
 from verl_compat.planner.job import JobSpec
@@ -102,8 +103,8 @@ class MemoryPlan:
 
     def host_bytes(self) -> dict[str, int]:
         """Host memory the FSDP2 CPU offload policy keeps per model (master weights, grads and AdamW's two states)
-        and, beside it, the reference's weights (streamed from the host too) and the weight sync's shared-memory
-        staging of the rollout's weights (the actor is gathered on the host). Empty without the policy. Not
+        and, beside it, the reference's weights (streamed from the host too) and the weight sync's staging bucket
+        in shared memory (the actor is gathered on the host). Empty without the policy. Not
         counted: the job's processes themselves (about 0.4-0.5 GiB each, benchmarks/helper_memory.py)."""
         job, out = self.job, {}
         per_param = job.master_bytes * (2 + ADAM_STATES)
@@ -113,8 +114,8 @@ class MemoryPlan:
             out["critic"] = job.critic.value_params // job.world * per_param
         if out and job.need_ref:
             out["reference weights"] = job.actor.lm_params // job.world * job.master_bytes
-        if job.host_offload[0]:
-            out["weight sync staging"] = job.actor.lm_params * job.rollout_bytes
+        if job.host_offload[0] and sync_staging_bytes(job):
+            out["weight sync staging bucket"] = sync_staging_bytes(job)
         return out
 
     def value(self, key: str) -> Any:
