@@ -73,11 +73,11 @@ def test_actor_update_and_ref_log_prob(
         # kernels.rms_norm at the engine's model build (patch 0018): torch's fused norm on the GPU profiles
         assert (fused_count(module) > 0) is (profile != "cpu")
         assert (fused_count(ref.ref.engine.module) > 0) is (profile != "cpu")
-        # AdamW without foreach's whole-model temporary (memory.optimizer_step): fused on an fp32 GPU, one parameter
-        # at a time under fp16 loss scaling; the CPU keeps torch's default
+        # AdamW without foreach's whole-model temporary (memory.optimizer_step): the fused kernel on every GPU
+        # profile, under fp16 loss scaling too (verl_compat.loss_scaling); the CPU keeps torch's default
         defaults = actor.actor.engine.optimizer.defaults
-        assert bool(defaults.get("fused")) is (profile == "p40")
-        assert (defaults.get("foreach") is False) is (profile in ("v100", "t4"))
+        assert bool(defaults.get("fused")) is (profile != "cpu")
+        assert defaults.get("foreach") is None
         before = params_snapshot(module)
         assert all(t.dtype == torch.float32 for t in before.values()), "master weights must stay fp32"
 
@@ -164,6 +164,10 @@ def test_critic_update(profile: str, tiny_model: Path, single_rank: None, monkey
     assert_policy_held(audit, compile_audit, profile)
 
 
+def _adam_steps(optimizer: torch.optim.Optimizer) -> list[float]:
+    return [float(state["step"]) for state in optimizer.state.values() if "step" in state]
+
+
 def _flatten(value: Any) -> list[Any]:
     if isinstance(value, list | tuple):
         return [x for v in value for x in _flatten(v)]
@@ -183,6 +187,7 @@ def test_fp16_overflow_step_is_skipped_and_master_weights_stay_fp32(
     actor.init_model()
     engine = actor.actor.engine
     assert isinstance(engine.scaler, ShardedGradScaler) and engine.scaler.is_enabled(), "fp16 needs loss scaling"
+    assert engine.optimizer.defaults.get("fused") is True  # the fused kernel under the scaler (memory.optimizer_step)
     fields = padded_batch(vocab_size=90, seed=2)
     log_probs = padded(
         actor.compute_log_prob(to_engine_input(fields, calculate_entropy=False, compute_loss=False)),
@@ -198,11 +203,14 @@ def test_fp16_overflow_step_is_skipped_and_master_weights_stay_fp32(
     assert all(torch.equal(before[n], after[n]) for n in before), "an overflowing step must not touch the weights"
     assert all(torch.isfinite(t).all() and t.dtype == torch.float32 for t in after.values())
     assert float(engine.scaler.get_scale()) < scale_before, "the scaler must back off after an overflow"
+    # the fused kernel ran and took its step back: a skipped step must not count in AdamW's bias correction
+    assert _adam_steps(engine.optimizer) and set(_adam_steps(engine.optimizer)) == {0.0}
 
     # the next, ordinary step trains again
     actor.update_actor(actor_update_input(fields, log_probs, log_probs))
     trained = params_snapshot(engine.module)
     assert any(not torch.equal(after[n], trained[n]) for n in after)
+    assert set(_adam_steps(engine.optimizer)) == {1.0}
     assert all(torch.isfinite(t).all() and t.dtype == torch.float32 for t in trained.values())
 
 

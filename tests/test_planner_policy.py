@@ -114,16 +114,16 @@ CRITIC_OPT = "critic.optim.override_optimizer_config"
     ("profile", "step", "written"),
     [
         ("p40", "fused", {"fused": True}),
-        ("t4", "loop", {"foreach": False}),
-        ("v100", "loop", {"foreach": False}),
+        ("t4", "fused", {"fused": True}),
+        ("v100", "fused", {"fused": True}),
         ("cpu", "default", None),
         ("a100", "default", None),
     ],
 )
 def test_adamw_step_without_the_whole_model_temporary_on_old_gpus(job_overrides, profile, step, written):
     """foreach AdamW's whole-model sqrt(exp_avg_sq) is what the planned P40 critic update OOMed in. On an fp32 GPU
-    the fused kernel (ATen CUDA, not Triton) steps in place; under fp16 loss scaling (T4, V100) the per-parameter
-    loop, which verl's scaler has always driven, needs one parameter's worth; the plan counts what each needs."""
+    the fused kernel (ATen CUDA, not Triton) steps in place, under fp16 loss scaling (T4, V100) too, with verl's
+    scaler from verl_compat.loss_scaling (tests/test_loss_scaling.py); the plan counts what each needs."""
     _, decisions, writes = _decide(profile, job_overrides)
     assert writes.get(ACTOR_OPT) == written and writes.get(CRITIC_OPT) == written
     assert decisions["memory.optimizer_step"].value == step
@@ -251,8 +251,12 @@ def test_fsdp2_cpu_offload_policy_is_counted_so_a_15b_ppo_job_is_not_refused(ppo
     # the step runs on the host: AdamW's fused host kernel there (torch's default is the per-parameter loop)
     assert host_fused_adamw()  # torch 2.13 has it
     assert decisions["memory.optimizer_step"].value == "fused" and writes[ACTOR_OPT] == {"fused": True}
-    # under fp16 loss scaling (T4) the loop, which verl's scaler has always driven, wherever the step runs
-    assert _decide("t4", [*base, *HOST_OPTIMIZER])[1]["memory.optimizer_step"].value == "loop"
+    # under fp16 loss scaling (T4) too (verl_compat.loss_scaling's flags suit the fused kernel)
+    assert _decide("t4", [*base, *HOST_OPTIMIZER])[1]["memory.optimizer_step"].value == "fused"
+    # a torch without the host kernel: the per-parameter loop, one parameter's temporaries
+    monkeypatch.setattr("verl_compat.resolvers.memory.host_fused_adamw", lambda: False)
+    _, decisions, writes = _decide("p40", [*base, *HOST_OPTIMIZER])
+    assert decisions["memory.optimizer_step"].value == "loop" and writes[ACTOR_OPT] == {"foreach": False}
     # verl ignores param/optimizer offload under the offload policy: the plan leaves them off
     for key in (K.ACTOR_PARAM_OFFLOAD, K.ACTOR_OPTIM_OFFLOAD, K.CRITIC_PARAM_OFFLOAD, K.CRITIC_OPTIM_OFFLOAD):
         assert writes.get(key, False) is False, key

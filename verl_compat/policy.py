@@ -331,7 +331,6 @@ def _optimizer_step(plan: _Plan) -> None:
             "optimizer": _get(plan.config, f"{optim}.optimizer"),
             "optimizer_impl": _get(plan.config, f"{optim}.optimizer_impl"),
             "offload_policy": cpu_offload_policy(plan.config, role),
-            "loss_scaling": _train_dtype(plan, role) in ("fp16", "float16"),
         }
         # a dict (or one of its keys) the user set is passed through as theirs: reported, never replaced
         request = plan.request("memory.optimizer_step", [key, f"{key}.fused", f"{key}.foreach"], "default", facts)
@@ -340,11 +339,6 @@ def _optimizer_step(plan: _Plan) -> None:
         override = memory.OPTIMIZER_OVERRIDES.get(decision.value) if isinstance(decision.value, str) else None
         if override and decision.defaulted:
             plan.writes[key] = dict(override)
-
-
-def _train_dtype(plan: _Plan, role: str) -> str:
-    decision = plan.decisions.get(f"dtype.train{_sfx(role)}") or plan.decisions.get("dtype.train")
-    return str(decision.value) if decision is not None else "fp32"
 
 
 def apply_writes(config: DictConfig, writes: dict[str, Any]) -> None:

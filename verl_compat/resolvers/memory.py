@@ -47,10 +47,8 @@ def _fused_reasons(ctx: Context) -> list[Reason]:
         reasons.append(
             hard("offload_policy", "FSDP2's offload_policy steps on the host; this torch has no host kernel")
         )
-    if ctx.fact("loss_scaling"):
-        # verl's ShardedGradScaler hands the fused step its scale; that failed on the CPU platform
-        # (tests/test_engine_step.py) and is not yet run on a GPU: the loop, which the scaler has always driven
-        reasons.append(hard("loss_scaling", "fp16 loss scaling with the fused step is not verified yet"))
+    # fp16 loss scaling steps it too: verl's scaler comes from verl_compat.loss_scaling, whose overflow flags the
+    # fused kernel accepts (torch's own ShardedGradScaler's fail there)
     return reasons
 
 
@@ -81,8 +79,7 @@ OPTIMIZER_OVERRIDES = {"fused": {"fused": True}, "loop": {"foreach": False}}
 
 
 def resolve_optimizer_step(request: Request, profile: DeviceProfile, registry: Registry | None = None) -> Decision:
-    """The AdamW implementation for one trained role; facts: optimizer, optimizer_impl, offload_policy,
-    loss_scaling (fp16 compute)."""
+    """The AdamW implementation for one trained role; facts: optimizer, optimizer_impl, offload_policy."""
     return choose(request, profile, OPTIMIZER_STEP_OPTIONS, registry=registry)
 
 
