@@ -345,6 +345,9 @@ SUMMARY_KEYS = (
     "perf/max_memory_allocated_gb",
     "perf/max_memory_reserved_gb",
     "training/rollout_probs_diff_max",
+    # inf/nan under fp16 loss scaling: that step's AdamW update was skipped (its time is not a step's cost)
+    "actor/grad_norm",
+    "critic/grad_norm",
 )
 
 
