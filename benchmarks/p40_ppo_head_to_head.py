@@ -17,10 +17,9 @@ within 2x), and memory <= the simulated card throughout.
         --out benchmarks/results/p40_h200_ppo_head_to_head.json
     # one side per device call (each ~5 min), merged into the same --out:
     ... --settings a_seed_recipe ; ... --settings planned
-    # another model shape, the planned side with the user's own verl overrides after `--` (here FSDP2's CPU
-    # offload policy, without which a 1.5B PPO job does not fit a 24 GB card):
-    ... --settings planned --shape qwen2.5-1.5b -- actor_rollout_ref.actor.strategy=fsdp2 critic.strategy=fsdp2 \
-        actor_rollout_ref.actor.fsdp_config.offload_policy=true critic.fsdp.offload_policy=true
+    # another model shape: a 1.5B PPO job fits a 24 GB (or 16 GB) card only under FSDP2's CPU offload policy,
+    # which the plan turns on itself; the planned side's own verl overrides, if any, go after `--`:
+    ... --settings planned --shape qwen2.5-1.5b
 """
 
 from __future__ import annotations

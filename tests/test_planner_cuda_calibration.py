@@ -169,3 +169,25 @@ def test_the_decode_step_costs_are_the_measured_ones():
         (row["engine_graphs_ms"], speed.GRAPH_DECODE_STEP_S_PER_LAYER),
     ):
         assert constant * 1e3 == pytest.approx((measured - floors) / layers, rel=0.05)
+
+
+@pytest.mark.parametrize(
+    "name", ["t4_h200_ppo_15b_offload_policy_round_q.json", "p40_h200_ppo_15b_offload_policy_round_p.json"]
+)
+def test_the_host_memory_under_the_offload_policy_covers_the_measured(name):
+    """Qwen2.5-1.5B PPO with actor and critic under FSDP2's CPU offload policy: the host memory the plan asks for
+    (models, reference weights, staging bucket, slack, processes) covers the measured peak above the pre-job
+    level and is not a blanket margin; the processes' part covers what they held before any model loaded."""
+    from verl_compat.planner.search import MemoryPlan
+
+    run = json.loads((RESULTS / name).read_text())
+    memory = run["sides"]["planned"]["raw"]["memory"]
+    measured = memory["host_peak_above_base_mib"] * MIB
+    shape = ModelShape.from_config(QWEN25["1.5B"])
+    job = dataclasses.replace(
+        _job(4), actor=shape, critic=shape, rollout_bytes=2 if name.startswith("t4") else 4, host_offload=(True, True)
+    )
+    need = MemoryPlan(job, None, None, {}, frozenset()).host_need()
+    assert measured <= need <= 1.05 * measured, (need / 2**30, measured / 2**30)
+    before_models = [s["host_used_mib"] - memory["host_base_mib"] for s in memory["samples"] if s["total_mib"] < 100]
+    assert before_models and max(before_models) * MIB <= E.HOST_PROCESSES

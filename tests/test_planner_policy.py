@@ -220,19 +220,25 @@ def ppo_15b(tmp_path) -> list[str]:
     ]
 
 
+HELD = [  # the user decided where both models live (verl's param offload): the plan may not change that
+    "actor_rollout_ref.actor.fsdp_config.param_offload=true",
+    "critic.fsdp.param_offload=true",
+]
+
+
 def test_fsdp2_cpu_offload_policy_is_counted_so_a_15b_ppo_job_is_not_refused(ppo_15b, job_overrides, monkeypatch):
     """A Qwen2.5-1.5B PPO job needs 16 bytes per parameter on a P40 during the update under verl's param and
-    optimizer offload (AdamW's state comes back for the step), so it is refused, and the refusal names the policy
-    as the fix; with the user's FSDP2 CPU offload policy the step is on the host and only streamed units, their
-    gradients and activations are on the card."""
+    optimizer offload (AdamW's state comes back for the step), so with the user's param offload it is refused, and
+    the refusal names the policy as the fix; with the user's FSDP2 CPU offload policy the step is on the host and
+    only streamed units, their gradients and activations are on the card."""
     _host_with(monkeypatch, 128)
     base = ppo_15b
     with pytest.raises(PlanError, match=r"actor optimizer 11\.50 GiB") as refused:
-        _decide("p40", base)
+        _decide("p40", [*base, *HELD])
     fix = str(refused.value).split("Smallest change that fits: ", 1)[1]
     keys = "actor_rollout_ref.actor.strategy=fsdp2 actor_rollout_ref.actor.fsdp_config.offload_policy=true"
     assert fix.startswith(f"{keys} critic.strategy=fsdp2 critic.fsdp.offload_policy=true (FSDP2's CPU offload policy")
-    assert "this machine has 128.00 GiB" in fix
+    assert "at least 69.01 GiB with the job's processes; this machine has 128.00 GiB" in fix
     _, decisions, writes = _decide("p40", [*base, *HOST_OPTIMIZER])
     plan = decisions["memory.plan"]
     assert plan.value["total"] <= get_profile("p40").total_memory_bytes
@@ -242,12 +248,13 @@ def test_fsdp2_cpu_offload_policy_is_counted_so_a_15b_ppo_job_is_not_refused(ppo
     sync = next(r for r in plan.reasons if r.startswith("trainer/update_weights:"))
     assert "staging bucket" not in sync  # gathered on the host, staged in shared memory
     assert any("host optimizer" in r for r in plan.reasons if r.startswith("estimated step"))
-    host = next(r for r in plan.reasons if r.startswith("host memory beside FSDP2's CPU offload policy"))
+    host = next(r for r in plan.reasons if r.startswith("host memory under FSDP2's CPU offload policy"))
     assert "actor 23.00 GiB" in host and "critic 23.00 GiB" in host  # 16 bytes per parameter each, on the host
     assert (
         "reference weights 5.75 GiB" in host and "weight sync staging bucket 2.00 GiB" in host
     )  # the default 2048 MB bucket
-    assert "at least 53.76 GiB free on the host" in host
+    # with the measured slack and processes (tests/test_planner_cuda_calibration.py)
+    assert "20% slack and the job's processes 4.50 GiB: at least 69.01 GiB free on the host" in host
     # the step runs on the host: AdamW's fused host kernel there (torch's default is the per-parameter loop)
     assert host_fused_adamw()  # torch 2.13 has it
     assert decisions["memory.optimizer_step"].value == "fused" and writes[ACTOR_OPT] == {"fused": True}
@@ -260,6 +267,50 @@ def test_fsdp2_cpu_offload_policy_is_counted_so_a_15b_ppo_job_is_not_refused(ppo
     # verl ignores param/optimizer offload under the offload policy: the plan leaves them off
     for key in (K.ACTOR_PARAM_OFFLOAD, K.ACTOR_OPTIM_OFFLOAD, K.CRITIC_PARAM_OFFLOAD, K.CRITIC_OPTIM_OFFLOAD):
         assert writes.get(key, False) is False, key
+
+
+POLICY_KEYS = {  # what HOST_OPTIMIZER sets, as the plan writes it
+    "actor_rollout_ref.actor.strategy": "fsdp2",
+    "critic.strategy": "fsdp2",
+    "actor_rollout_ref.actor.fsdp_config.offload_policy": True,
+    "critic.fsdp.offload_policy": True,
+}
+
+
+def test_the_plan_turns_the_offload_policy_on_where_nothing_else_fits(ppo_15b, job_overrides, monkeypatch):
+    """Where the user left the models' placement to verl-compat and nothing else fits the card, the plan puts the
+    models under FSDP2's CPU offload policy itself: the same plan as the user's keys give, one strategy record per
+    role (platform.strategy, settled by the plan), and AdamW's step resolved for the host."""
+    _host_with(monkeypatch, 128)
+    config, decisions, writes = _decide("p40", ppo_15b)
+    assert {k: writes[k] for k in POLICY_KEYS} == POLICY_KEYS
+    _, by_user, user_writes = _decide("p40", [*ppo_15b, *HOST_OPTIMIZER])
+    assert {k: v for k, v in writes.items() if k not in POLICY_KEYS} == user_writes
+    assert decisions["memory.plan"].value["total"] == by_user["memory.plan"].value["total"]
+    for sfx in ("", ".critic"):
+        strategy = decisions[f"platform.strategy{sfx}"]
+        assert strategy.value == "fsdp2" and strategy.reasons[-1].startswith("memory plan: FSDP2, for its CPU offload")
+        assert decisions[f"memory.offload_policy{sfx}"].value is True
+    assert any("planned for the actor and critic" in r for r in decisions["memory.plan"].reasons)
+    assert any(
+        r.startswith("note: FSDP2's CPU offload policy for the actor and critic")
+        for r in decisions["memory.plan"].reasons
+    )
+    # the reference follows the actor's strategy in verl's config
+    resolved = compose_ppo_config(ppo_15b)
+    resolve_job_config(resolved, get_profile("p40"), RequestedKeys(o.split("=", 1)[0] for o in ppo_15b))
+    assert OmegaConf.select(resolved, "actor_rollout_ref.ref.strategy") == "fsdp2"
+    assert decisions["memory.optimizer_step"].value == "fused" and writes[ACTOR_OPT] == {"fused": True}
+    monkeypatch.setattr("verl_compat.resolvers.memory.host_fused_adamw", lambda: False)
+    decisions, writes = _decide("p40", ppo_15b)[1:]
+    assert decisions["memory.optimizer_step"].value == "loop" and writes[ACTOR_OPT] == {"foreach": False}
+    # a job that fits without it (0.5B), sm_80+ and a model's placement the user set: not turned on
+    for profile, job in (("p40", job_overrides), ("a100", ppo_15b)):
+        writes = _decide(profile, job)[2]
+        assert not set(writes) & set(POLICY_KEYS), profile
+    for held in (HELD[0], "actor_rollout_ref.actor.strategy=fsdp", "critic.fsdp.offload_policy=false"):
+        with pytest.raises(PlanError):  # the other model alone under the policy does not fit
+            _decide("p40", [*ppo_15b, held])
 
 
 def test_the_offload_policy_counts_only_under_fsdp2():
@@ -278,7 +329,7 @@ def test_the_offload_policy_needs_the_host_memory_it_keeps(ppo_15b, monkeypatch)
     """The models under the policy live in host memory: a machine with less is refused at start-up with the
     numbers, and a refusal on such a machine names the policy only as a note (it would not run here)."""
     _host_with(monkeypatch, 32)
-    with pytest.raises(PlanError, match=r"at least 53\.76 GiB \(actor 23\.00 GiB.*more than this machine's 32\.00 GiB"):
+    with pytest.raises(PlanError, match=r"actor 23\.00 GiB.*at least 69\.01 GiB, more than this machine's 32\.00 GiB"):
         _decide("p40", [*ppo_15b, *HOST_OPTIMIZER])
     with pytest.raises(PlanError) as refused:
         _decide("p40", ppo_15b)

@@ -36,15 +36,31 @@ def trainer_gpus(config) -> int:
     return get("trainer.n_gpus_per_node", 1) * get("trainer.nnodes", 1)
 
 
-def cpu_offload_policy(config, role: str) -> bool:
+def offload_policy_keys(role: str) -> tuple[str, str]:
+    """(strategy, offload_policy): the two keys that put `role` under FSDP2's CPU offload policy."""
+    fsdp, role_cfg = FSDP_ROLES[role]
+    return f"{role_cfg}.strategy", f"{fsdp}.offload_policy"
+
+
+def offload_owner_keys(role: str) -> tuple[str, ...]:
+    """The keys a user sets to decide where `role`'s model lives: with any of them set, the memory plan does not
+    turn FSDP2's CPU offload policy on for it (the actor's strategy is the reference's too, by interpolation)."""
+    fsdp, _ = FSDP_ROLES[role]
+    own = (*offload_policy_keys(role), f"{fsdp}.param_offload", f"{fsdp}.optimizer_offload")
+    return (*own, *offload_policy_keys(REF)) if role == ACTOR else own
+
+
+def cpu_offload_policy(config, role: str, writes=None) -> bool:
     """Does verl train `role` with FSDP2's CPU offload policy (weights, grads and AdamW state on the host, the step
     there)? verl's engine honours `offload_policy` only under strategy fsdp2, and then ignores param/optimizer
-    offload for that model."""
+    offload for that model. `writes`: {key: value} resolved but not yet written into `config`."""
     from omegaconf import OmegaConf
 
-    fsdp, role_cfg = FSDP_ROLES[role]
-    strategy = OmegaConf.select(config, f"{role_cfg}.strategy", default=None) or "fsdp"
-    return str(strategy) == "fsdp2" and bool(OmegaConf.select(config, f"{fsdp}.offload_policy", default=False))
+    def get(key: str):
+        return writes[key] if writes and key in writes else OmegaConf.select(config, key, default=None)
+
+    strategy_key, policy_key = offload_policy_keys(role)
+    return str(get(strategy_key) or "fsdp") == "fsdp2" and bool(get(policy_key))
 
 
 def fsdp_keys(suffix: str) -> str:

@@ -315,6 +315,8 @@ def _memory(plan: _Plan) -> None:
     planned, writes = memory.resolve_plan(plan.config, p, plan.requested.__contains__, plan.decisions)
     plan.decisions.update(planned)
     plan.writes.update(writes)
+    if any(name.startswith("memory.offload_policy") for name in planned):  # the step moved to the host
+        _optimizer_step(plan)
 
 
 def _optimizer_step(plan: _Plan) -> None:
@@ -330,7 +332,7 @@ def _optimizer_step(plan: _Plan) -> None:
         facts = {
             "optimizer": _get(plan.config, f"{optim}.optimizer"),
             "optimizer_impl": _get(plan.config, f"{optim}.optimizer_impl"),
-            "offload_policy": cpu_offload_policy(plan.config, role),
+            "offload_policy": cpu_offload_policy(plan.config, role, plan.writes),
         }
         # a dict (or one of its keys) the user set is passed through as theirs: reported, never replaced
         request = plan.request("memory.optimizer_step", [key, f"{key}.fused", f"{key}.foreach"], "default", facts)
@@ -339,6 +341,8 @@ def _optimizer_step(plan: _Plan) -> None:
         override = memory.OPTIMIZER_OVERRIDES.get(decision.value) if isinstance(decision.value, str) else None
         if override and decision.defaulted:
             plan.writes[key] = dict(override)
+        elif decision.defaulted:  # a second pass (the plan moved the step to the host) undoes the first's write
+            plan.writes.pop(key, None)
 
 
 def apply_writes(config: DictConfig, writes: dict[str, Any]) -> None:

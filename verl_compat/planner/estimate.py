@@ -46,6 +46,13 @@ CUDA_TRAIN_ACTIVATIONS = 1.15
 # the weights (benchmarks/results/p40_h200_ppo_in_loop.json, rollout_server_torch_reserved_mib).
 ROLLOUT_RUNTIME = 320 * 2**20
 HEADROOM = 0.05  # of the card, kept free beyond every estimate
+# Host memory under FSDP2's CPU offload policy beyond its models' bytes (MemoryPlan.host_need). Measured on the H200
+# host, T4 Qwen2.5-1.5B PPO with actor and critic under the policy (benchmarks/results/
+# t4_h200_ppo_15b_offload_policy_round_q.json, host_used_mib above the pre-job level): the job's processes held
+# 4.25 GiB before any model loaded; the peak during the steps was 67.97 GiB, so 63.72 GiB against the plan's 53.76 GiB
+# of models, staging and reference weights (18.5% more; not broken down further).
+HOST_PROCESSES = int(4.5 * GIB)
+HOST_SLACK = 0.20
 
 
 @dataclass(frozen=True)

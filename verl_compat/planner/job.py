@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from verl_compat.config_keys import ACTOR, CRITIC, cpu_offload_policy, trainer_gpus
+from verl_compat.config_keys import ACTOR, CRITIC, cpu_offload_policy, offload_owner_keys, trainer_gpus
 from verl_compat.planner import keys as K
 from verl_compat.planner.shape import ModelShape
 
@@ -77,6 +77,9 @@ class JobSpec:
     # weights, gradients and AdamW state in host memory, the optimizer step on the host, each FSDP unit streamed in
     host_offload: tuple[bool, bool] = (False, False)
     host_memory_bytes: int | None = None  # the machine's RAM (None: unknown), for what host_offload keeps there
+    # (actor, critic) the plan may put under that policy itself, below sm_80 where nothing else fits: the user set
+    # none of the keys that decide where the model lives (config_keys.offload_owner_keys)
+    policy_free: tuple[bool, bool] = (False, False)
     settings: Mapping[str, Setting] = field(default_factory=dict)
 
     @property
@@ -149,6 +152,12 @@ class JobSpec:
             critic = actor if critic_path == actor_path else load_for("critic.model.path", critic_path)
         world = trainer_gpus(config)
 
+        host_offload = (cpu_offload_policy(config, ACTOR), need_critic and cpu_offload_policy(config, CRITIC))
+
+        def policy_free(role: str, on: bool) -> bool:
+            keys = offload_owner_keys(role)
+            return not on and not any(is_requested(k) and not Setting(get(k), True).auto for k in keys)
+
         settings = {k: Setting(OmegaConf.select(config, k, default=None), is_requested(k)) for k in K.PLANNED_KEYS}
         token_keys_set = any(is_requested(k) for k in K.TOKEN_KEYS)
         train_batch = int(get("data.train_batch_size", 1))
@@ -179,6 +188,7 @@ class JobSpec:
             fused_head=fused_head,
             fused_chunk=int(fused_chunk),
             token_budgets=token_budgets_allowed(packed, token_keys_set, settings),
-            host_offload=(cpu_offload_policy(config, ACTOR), need_critic and cpu_offload_policy(config, CRITIC)),
+            host_offload=host_offload,
+            policy_free=(policy_free(ACTOR, host_offload[0]), need_critic and policy_free(CRITIC, host_offload[1])),
             settings=settings,
         )

@@ -11,7 +11,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from verl_compat.config_keys import ACTOR, fused_keys
+from verl_compat.config_keys import ACTOR, fused_keys, offload_policy_keys
 from verl_compat.decision import Decision
 from verl_compat.detect import host as host_facts
 from verl_compat.planner import keys as K
@@ -130,6 +130,8 @@ def plan_decisions(
             _value(decisions, "kernels.fused_chunk", UPSTREAM_FUSED_CHUNK),
             bool(_value(decisions, "attention.remove_padding", False)),
         ).with_(host_memory_bytes=host_facts().memory_bytes)
+        if _value(decisions, "platform.device", "cuda") != "cuda":  # the policy pins host memory for a GPU
+            job = job.with_(policy_free=(False, False))
     except (OSError, ValueError) as e:  # no model config to read (verl's default path, a typo): nothing planned
         if autos:
             raise PlanError(
@@ -160,6 +162,7 @@ def plan_decisions(
     out = {PLAN: _decision(profile, PLAN, "(plan)", _summary(plan, writes), True, plan.table())}
     if job.fused_head == "free":
         out[FUSED] = fused
+    out |= _policy_outcome(plan, profile, decisions)
     for key in K.PLANNED_KEYS:
         s = job.setting(key)
         if key in writes:
@@ -171,6 +174,28 @@ def plan_decisions(
                 profile, f"memory.{key}", key, s.value, False, ["requested explicitly; fits the plan's estimate"]
             )
     return out, changed
+
+
+def _policy_outcome(plan: MemoryPlan, profile: DeviceProfile, decisions: Mapping[str, Decision]) -> dict[str, Decision]:
+    """The roles the plan put under FSDP2's CPU offload policy: their platform.strategy decision as the plan
+    settles it (one record per role), and the offload_policy key's."""
+    out = {}
+    for role in plan.policy_roles:
+        sfx = "" if role == ACTOR else f".{role}"
+        _, policy_key = offload_policy_keys(role)
+        why = f"memory plan: FSDP2, for its CPU offload policy ({policy_key}=true): nothing else fits the card"
+        name = f"platform.strategy{sfx}"
+        old = decisions.get(name)
+        if old is not None:
+            out[name] = dataclasses.replace(old, value="fsdp2", reasons=(*old.reasons, why))
+        reasons = [
+            f"planned: the {role}'s weights, gradients and AdamW state in host memory, each FSDP unit streamed to "
+            f"the card for its pass and the optimizer step on the host ({plan.host_line()} on the host)"
+        ]
+        out[f"memory.offload_policy{sfx}"] = _decision(
+            profile, f"memory.offload_policy{sfx}", policy_key, True, True, reasons, False
+        )
+    return out
 
 
 def _interpolated(config: Any, key: str) -> bool:

@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from verl_compat.config_keys import offload_policy_keys
 from verl_compat.errors import VerlCompatError
 from verl_compat.planner import keys as K
 from verl_compat.planner.estimate import (
@@ -24,6 +25,8 @@ from verl_compat.planner.estimate import (
     FRAGMENTATION,
     GIB,
     HEADROOM,
+    HOST_PROCESSES,
+    HOST_SLACK,
     STEP_EXTRA,
     Choice,
     Estimate,
@@ -88,6 +91,7 @@ class MemoryPlan:
     seconds: dict[str, float]
     free: frozenset[str]  # keys the planner chose (the rest kept as the config holds them)
     notes: list[str] = field(default_factory=list)
+    policy_roles: tuple[str, ...] = ()  # roles the plan put under FSDP2's CPU offload policy (job.policy_free)
 
     @property
     def shares(self) -> dict[str, int]:
@@ -118,6 +122,19 @@ class MemoryPlan:
             out["weight sync staging bucket"] = sync_staging_bytes(job)
         return out
 
+    def host_need(self) -> int:
+        """What the job needs free on the host under the policy: host_bytes with the measured slack, and the job's
+        processes (estimate.HOST_PROCESSES / HOST_SLACK). 0 without the policy."""
+        host = sum(self.host_bytes().values())
+        return int(host * (1 + HOST_SLACK)) + HOST_PROCESSES if host else 0
+
+    def host_line(self) -> str:
+        what = ", ".join(f"{role} {gib(n)}" for role, n in self.host_bytes().items())
+        return (
+            f"{what}, {HOST_SLACK:.0%} slack and the job's processes {gib(HOST_PROCESSES)}: at least "
+            f"{gib(self.host_need())}"
+        )
+
     def value(self, key: str) -> Any:
         if key == K.ROLLOUT_TOKENS:
             return self.choice.rollout_batch * self.job.seq_len
@@ -142,6 +159,9 @@ class MemoryPlan:
             out[key] = self.value(key)
         if self.job.token_budgets and all(k in self.free for k in K.TOKEN_BUDGET_OF.values()):
             out |= self.token_budgets()
+        for role in self.policy_roles:
+            strategy_key, policy_key = offload_policy_keys(role)
+            out |= {strategy_key: "fsdp2", policy_key: True}
         return out
 
     def token_budgets(self) -> dict[str, Any]:
@@ -172,12 +192,11 @@ class MemoryPlan:
             f"{FRAGMENTATION:.0%} allocator slack) + rollout share {gib(e.share('rollout'))} + CUDA contexts "
             f"{gib(e.contexts)} + headroom {gib(e.headroom)} ({HEADROOM:.0%}); free {gib(-e.overflow)}"
         )
-        host = self.host_bytes()
-        if host:
-            what = ", ".join(f"{role} {gib(n)}" for role, n in host.items())
+        if self.host_bytes():
+            by = f", planned for the {' and '.join(self.policy_roles)}" if self.policy_roles else ""
             lines.append(
-                f"host memory beside FSDP2's CPU offload policy (its models' weights, grads and AdamW state): {what}"
-                f"; at least {gib(sum(host.values()))} free on the host (the job's processes come on top)"
+                f"host memory under FSDP2's CPU offload policy{by} (its models' weights, grads and AdamW state): "
+                f"{self.host_line()} free on the host"
             )
         if e.on_gpu and e.fits:
             caps = self.shares
@@ -288,9 +307,18 @@ def free_keys(job: JobSpec, sm80: bool) -> frozenset[str]:
 
 
 def plan_job(job: JobSpec, device_name: str, sm80: bool = False) -> MemoryPlan:
-    """The plan for `job` on the card (`device_name`: catalog name, for the speed ranking)."""
+    """The plan for `job` on the card (`device_name`: catalog name, for the speed ranking). Below sm_80, where
+    nothing else fits, FSDP2's CPU offload policy for the roles whose placement the user left (job.policy_free)."""
     free = free_keys(job, sm80)
     plan, _ = _search(job, free, device_name)
+    roles = [r for r, ok in zip(("actor", "critic"), job.policy_free, strict=True) if ok]
+    if plan is None and roles and job.on_gpu and not sm80:
+        plan, _ = _policy_search(job, free, device_name, roles)
+        if plan is not None:
+            plan.notes.append(
+                f"FSDP2's CPU offload policy for the {' and '.join(plan.policy_roles)}: nothing else fits the card "
+                "(verl's param and optimizer offload bring the whole model and its AdamW state back for the update)"
+            )
     if plan is not None:
         _check_host_memory(plan)
         if job.use_dynamic_bsz:
@@ -302,48 +330,57 @@ def plan_job(job: JobSpec, device_name: str, sm80: bool = False) -> MemoryPlan:
 
 def _check_host_memory(plan: MemoryPlan) -> None:
     """The models under FSDP2's CPU offload policy live in host memory: more than the machine has cannot run."""
-    host, ram = plan.host_bytes(), plan.job.host_memory_bytes
-    if not host or not ram or not plan.job.on_gpu or sum(host.values()) <= ram:
+    need, ram = plan.host_need(), plan.job.host_memory_bytes
+    if not need or not ram or not plan.job.on_gpu or need <= ram:
         return
-    what = ", ".join(f"{role} {gib(n)}" for role, n in host.items())
     raise PlanError(
         f"verl-compat memory plan: FSDP2's CPU offload policy (offload_policy=true under strategy fsdp2) keeps each "
-        f"model's weights, gradients and AdamW state in host memory: at least {gib(sum(host.values()))} ({what}), "
-        f"more than this machine's {gib(ram)}. Fix: run on a machine with at least that much memory free, or train "
-        "a smaller model"
+        f"model's weights, gradients and AdamW state in host memory: {plan.host_line()}, more than this machine's "
+        f"{gib(ram)}. Fix: run on a machine with at least that much memory free, or train a smaller model"
     )
 
 
 def _policy_keys(roles: Iterable[str]) -> str:
     """The verl keys that put `roles` under FSDP2's CPU offload policy."""
-    from verl_compat.config_keys import FSDP_ROLES
-
-    return " ".join(f"{FSDP_ROLES[r][1]}.strategy=fsdp2 {FSDP_ROLES[r][0]}.offload_policy=true" for r in roles)
+    return " ".join(f"{s}=fsdp2 {p}=true" for s, p in map(offload_policy_keys, roles))
 
 
-def _offload_policy_fix(job: JobSpec, free: frozenset[str], device_name: str) -> tuple[str | None, str | None]:
-    """(fix, note): FSDP2's CPU offload policy for the actor, the critic or both (in that order), where the user
-    left it off, if that fits the card and the models' host memory fits the machine; else a note when it would
-    fit the card but not this machine's memory."""
-    trained = ["actor", "critic"] if job.critic else ["actor"]
-    candidates = [[r] for r in trained if not job.host_offload[r == "critic"]]
-    if len(candidates) == 2:
-        candidates.append(trained)
+def _policy_search(
+    job: JobSpec, free: frozenset[str], device_name: str, roles: list[str]
+) -> tuple[MemoryPlan | None, list[str]]:
+    """The fastest plan with FSDP2's CPU offload policy for one of `roles` or both, among those whose host memory
+    fits this machine (plan.policy_roles says which); and, described, those that fit the card but not the host."""
+    candidates = [(r,) for r in roles] + ([tuple(roles)] if len(roles) == 2 else [])
+    best: MemoryPlan | None = None
     too_big: list[str] = []
-    for roles in candidates:
-        host = (job.host_offload[0] or "actor" in roles, job.host_offload[1] or "critic" in roles)
+    for on in candidates:
+        host = (job.host_offload[0] or "actor" in on, job.host_offload[1] or "critic" in on)
         plan, _ = _search(job.with_(host_offload=host), free, device_name)
         if plan is None:
             continue
-        need = sum(plan.host_bytes().values())
+        plan.policy_roles = on
         ram = job.host_memory_bytes
-        if ram and need > ram:
-            too_big.append(f"{' and '.join(roles)} {gib(need)}")
-            continue
+        if ram and plan.host_need() > ram:
+            too_big.append(f"{' and '.join(on)} {gib(plan.host_need())}")
+        elif best is None or sum(plan.seconds.values()) < sum(best.seconds.values()):
+            best = plan
+    return best, too_big
+
+
+def _offload_policy_fix(job: JobSpec, free: frozenset[str], device_name: str) -> tuple[str | None, str | None]:
+    """(fix, note): FSDP2's CPU offload policy for the actor, the critic or both, where the user left it off, if
+    that fits the card and the job's host memory fits the machine; else a note when it would fit the card but not
+    this machine's memory."""
+    trained = ["actor", "critic"] if job.critic else ["actor"]
+    plan, too_big = _policy_search(job, free, device_name, [r for r in trained if not job.host_offload[r == "critic"]])
+    if plan is not None:
+        ram = job.host_memory_bytes
         has = f"; this machine has {gib(ram)}" if ram else ""
+        on = " and ".join(plan.policy_roles)
         return (
-            f"{_policy_keys(roles)} (FSDP2's CPU offload policy: the {' and '.join(roles)}'s weights, gradients and "
-            f"AdamW state in host memory, at least {gib(need)} of it{has}; the optimizer steps there, slower)"
+            f"{_policy_keys(plan.policy_roles)} (FSDP2's CPU offload policy: the {on}'s weights, gradients and AdamW "
+            f"state in host memory, at least {gib(plan.host_need())} with the job's processes{has}; the optimizer "
+            "steps there, slower)"
         ), None
     if too_big:  # said, so that a user on a bigger machine knows the way
         return None, (
