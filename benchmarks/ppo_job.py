@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -314,12 +315,13 @@ def process_names(pids: set[int]) -> dict[int, str]:
 
 # ---------------------------------------------------------------------------------------------------- running
 def _series(steps: list[dict], key: str) -> list[float]:
-    return [float(s["data"][key]) for s in steps if key in s["data"]]
+    """One value per logged step; verl's file logger (orjson) writes inf and nan as null: nan here."""
+    return [math.nan if s["data"][key] is None else float(s["data"][key]) for s in steps if key in s["data"]]
 
 
 def median_after_first(values: list[float]) -> float | None:
-    """Median of steps 2+ (step 1 carries the warm-up), of all when there is only one."""
-    rest = values[1:] if len(values) > 1 else values
+    """Median of the finite values of steps 2+ (step 1 carries the warm-up), of all when there is only one."""
+    rest = [v for v in (values[1:] if len(values) > 1 else values) if math.isfinite(v)]
     return round(statistics.median(rest), 4) if rest else None
 
 

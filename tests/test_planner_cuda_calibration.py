@@ -172,7 +172,12 @@ def test_the_decode_step_costs_are_the_measured_ones():
 
 
 @pytest.mark.parametrize(
-    "name", ["t4_h200_ppo_15b_offload_policy_round_q.json", "p40_h200_ppo_15b_offload_policy_round_p.json"]
+    "name",
+    [
+        "t4_h200_ppo_15b_offload_policy_round_q.json",
+        "p40_h200_ppo_15b_offload_policy_round_p.json",
+        "p40_h200_ppo_15b_planned_policy_round_r.json",
+    ],
 )
 def test_the_host_memory_under_the_offload_policy_covers_the_measured(name):
     """Qwen2.5-1.5B PPO with actor and critic under FSDP2's CPU offload policy: the host memory the plan asks for

@@ -336,3 +336,16 @@ def test_the_offload_policy_needs_the_host_memory_it_keeps(ppo_15b, monkeypatch)
     fix = str(refused.value).split("Smallest change that fits: ", 1)[1]
     assert fix.startswith("a smaller model")
     assert "Note: FSDP2's CPU offload policy (" in fix and "needs more host memory than this machine's 32.00 GiB" in fix
+
+
+def test_the_plan_says_how_many_gpus_it_planned_for_and_when_this_host_has_fewer(job_overrides, monkeypatch):
+    """verl's default trainer.n_gpus_per_node is 8: the plan is per GPU of 8, and on a host with one GPU it says
+    that the job's start-up will refuse it, with the fix."""
+    monkeypatch.setattr("verl_compat.preflight.host_gpu_count", lambda: 1)
+    eight = [o for o in job_overrides if not o.startswith("trainer.n_gpus_per_node=")]
+    reasons = _decide("p40", eight)[1]["memory.plan"].reasons
+    assert "32 sequences/step" not in reasons[0] and "tokens per GPU of 8 (trainer.n_gpus_per_node" in reasons[0]
+    note = next(r for r in reasons if r.startswith("note: planned per GPU for 8 GPUs"))
+    assert "this single-node run has 1" in note and "Fix: set trainer.n_gpus_per_node=1" in note
+    reasons = _decide("p40", job_overrides)[1]["memory.plan"].reasons
+    assert "tokens per GPU of 1 " in reasons[0] and not any(r.startswith("note: planned per GPU") for r in reasons)

@@ -141,23 +141,32 @@ def host_gpu_count() -> int | None:
     return count or None
 
 
-def _check_devices_per_node(config: Any, device: str) -> None:
+def devices_per_node_problem(config: Any) -> tuple[int, str, str] | None:
+    """(the host's GPUs, reason, fix) when a single-node job asks for more GPUs per node than this host has (the
+    doctor notes it beside the plan, which is per GPU; the job's start-up refuses it); else None."""
     key = "trainer.n_gpus_per_node"
     # a Ray cluster or several nodes: the GPUs of other hosts are Ray's business (upstream checks after ray.init)
     joins = _get(config, "ray_kwargs.ray_init.address") is not None or bool(os.environ.get("RAY_ADDRESS"))
     if joins or int(_get(config, "trainer.nnodes", 1) or 1) > 1:
-        return
+        return None
     gpus = host_gpu_count()
     wanted = _get(config, key)
     if gpus is None or not isinstance(wanted, int) or wanted <= gpus:
-        return
-    raise InvalidSettingError(
-        key,
-        wanted,
-        f"this host ({gpus} GPU{'s' if gpus != 1 else ''}; {device})",
+        return None
+    return (
+        gpus,
         f"the job asks for {wanted} GPUs per node and this single-node run has {gpus}; Ray would place no worker",
         f"set {key}={gpus} (and trainer.nnodes=1), or join a Ray cluster with ray_kwargs.ray_init.address",
     )
+
+
+def _check_devices_per_node(config: Any, device: str) -> None:
+    problem = devices_per_node_problem(config)
+    if problem is not None:
+        gpus, reason, fix = problem
+        key = "trainer.n_gpus_per_node"
+        where = f"this host ({gpus} GPU{'s' if gpus != 1 else ''}; {device})"
+        raise InvalidSettingError(key, _get(config, key), where, reason, fix)
 
 
 # Model paths ----------------------------------------------------------------------------------------------------

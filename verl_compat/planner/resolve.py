@@ -18,6 +18,7 @@ from verl_compat.planner import keys as K
 from verl_compat.planner.job import JobSpec
 from verl_compat.planner.search import MemoryPlan, PlanError, plan_job
 from verl_compat.planner.shape import ModelShape
+from verl_compat.preflight import devices_per_node_problem
 from verl_compat.profile import DeviceProfile
 from verl_compat.resolvers.kernels import UPSTREAM_FUSED_CHUNK
 
@@ -148,6 +149,9 @@ def plan_decisions(
         why = "sm_80+: upstream verl's memory values, unchanged (set a key to `auto` to have it planned)"
         return {PLAN: _decision(profile, PLAN, "(plan)", None, True, [why])}, {}
     plan = plan_job(job, speed_name(profile), sm80)  # PlanError propagates: the start-up error
+    ranks = devices_per_node_problem(config)
+    if ranks is not None:  # the job's start-up refuses it; the doctor shows the plan with the reason
+        plan.notes.append(f"planned per GPU for {job.world} GPUs, but {ranks[1]}. Fix: {ranks[2]}")
     writes = plan.writes()
     fused_writes: dict[str, Any] = {}
     if job.fused_head == "free":

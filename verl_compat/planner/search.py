@@ -182,7 +182,8 @@ class MemoryPlan:
         e, job = self.estimate, self.job
         lines = [
             f"model {job.actor.describe()}; {job.rows} sequences/step of {job.prompt_len}+{job.response_len} "
-            f"tokens per GPU; critic {'yes' if job.critic else 'no'}, reference {'yes' if job.need_ref else 'no'}",
+            f"tokens per GPU of {job.world} (trainer.n_gpus_per_node x trainer.nnodes); critic "
+            f"{'yes' if job.critic else 'no'}, reference {'yes' if job.need_ref else 'no'}",
         ]
         for ph in [*e.trainer, *e.rollout]:
             parts = ", ".join(f"{k} {gib(v)}" for k, v in ph.parts.items()) or "nothing on the card"

@@ -1,0 +1,25 @@
+"""benchmarks/ppo_job.py's per-step series from verl's jsonl metrics: a skipped fp16 step's grad norm is inf,
+which verl's file logger (orjson) writes as null; the series keeps the step and the median skips it."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import orjson
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ is a folder of scripts, not installed
+from benchmarks.ppo_job import _series, median_after_first  # noqa: E402
+
+
+def test_a_non_finite_metric_from_verls_file_logger_is_kept_as_nan_and_left_out_of_the_median():
+    logged = [{"actor/grad_norm": v, "timing_s/step": 2.0} for v in (1.5, math.inf, 0.5, 0.7)]
+    rows = [json.loads(orjson.dumps({"step": i + 1, "data": d})) for i, d in enumerate(logged)]
+    assert rows[1]["data"]["actor/grad_norm"] is None  # what verl's FileLogger writes for inf
+    series = _series(rows, "actor/grad_norm")
+    assert len(series) == 4 and math.isnan(series[1]) and series[2:] == [0.5, 0.7]
+    assert median_after_first(series) == 0.6  # steps 2+, finite ones
+    assert median_after_first(_series(rows, "timing_s/step")) == 2.0
+    assert _series(rows, "critic/grad_norm") == [] and median_after_first([]) is None
