@@ -344,8 +344,11 @@ SUMMARY_KEYS = (
     "timing_s/values",
     "perf/total_num_tokens",
     "perf/throughput",
-    "perf/max_memory_allocated_gb",
-    "perf/max_memory_reserved_gb",
+    # verl's engine worker reports these per update and the trainer prefixes them with the role
+    "actor/perf/max_memory_allocated_gb",
+    "actor/perf/max_memory_reserved_gb",
+    "critic/perf/max_memory_allocated_gb",
+    "critic/perf/max_memory_reserved_gb",
     "training/rollout_probs_diff_max",
     # inf/nan under fp16 loss scaling: that step's AdamW update was skipped (its time is not a step's cost)
     "actor/grad_norm",
