@@ -19,6 +19,11 @@ ACTOR_ATTENTION = f"{MODEL_ROLES[ACTOR]}.override_config.attn_implementation"
 CRITIC_ATTENTION = f"{MODEL_ROLES[CRITIC]}.override_config.attn_implementation"
 
 
+def decision_suffix(role: str) -> str:
+    """Decision-name suffix of a role: the actor's decisions carry the plain category name ('dtype.train')."""
+    return "" if role == ACTOR else f".{role}"
+
+
 def fused_keys(role: str) -> tuple[str, str]:
     """(use_fused_kernels, fused_kernel_options.impl_backend) of a role's model: the one kernels.fused decision."""
     model = MODEL_ROLES[role]

@@ -21,6 +21,7 @@ from verl_compat.config_keys import (
     MODEL_ROLES,
     ROLLOUT,
     cpu_offload_policy,
+    decision_suffix,
     fused_keys,
     trainer_gpus,
 )
@@ -32,11 +33,6 @@ from verl_compat.user_keys import RequestedKeys, doctor_searchpath, requested_ke
 
 UPSTREAM_ATTN = "flash_attention_2"
 FULL_FP32_REDUCE = {"reduce_dtype": "fp32", "buffer_dtype": "fp32"}
-
-
-def _sfx(role: str) -> str:
-    """Decision-name suffix: the actor's decisions carry the plain category name ('dtype.train')."""
-    return "" if role == ACTOR else f".{role}"
 
 
 def _get(config: DictConfig, key: str, default: Any = None) -> Any:
@@ -130,7 +126,7 @@ def _placement(plan: _Plan) -> None:
     for role in (ACTOR, CRITIC):
         key = f"{FSDP_ROLES[role][1]}.strategy"
         decision = placement.resolve_strategy(plan.request("platform.strategy", [key], "fsdp"), p, plan.registry)
-        plan.add(f"platform.strategy{_sfx(role)}", decision, key)
+        plan.add(f"platform.strategy{decision_suffix(role)}", decision, key)
     gpus = trainer_gpus(plan.config)
     for key, (name, what, upstream, legacy) in helpers.HELPERS.items():  # they share the host: the card's policy
         facts = {"gpus": gpus, "what": what}
@@ -146,7 +142,7 @@ def _dtypes(plan: _Plan) -> str:
         mp = _get(plan.config, mp_key) or {}
         # upstream: mixed_precision None -> bf16/fp32/fp32; a dict without param_dtype -> .get("param_dtype", "bf16")
         req = plan.request("dtype.train", [f"{mp_key}.param_dtype"], "bf16", value=mp.get("param_dtype"))
-        decision = plan.add(f"dtype.train{_sfx(role)}", dtype.resolve_train(req, p, plan.registry))
+        decision = plan.add(f"dtype.train{decision_suffix(role)}", dtype.resolve_train(req, p, plan.registry))
         train = dtype.canonical(decision.value) or str(decision.value)
         for sub in ("reduce_dtype", "buffer_dtype"):  # validated when given; fp32 otherwise
             sub_key = f"{mp_key}.{sub}"
@@ -161,7 +157,11 @@ def _dtypes(plan: _Plan) -> str:
             actor_train = train
         facts = {"forward_only": bool(_get(plan.config, f"{fsdp}.forward_only"))}
         master = plan.request("dtype.master", [f"{fsdp}.model_dtype"], "fp32", facts)
-        plan.add(f"dtype.master{_sfx(role)}", dtype.resolve_master(master, p, plan.registry), f"{fsdp}.model_dtype")
+        plan.add(
+            f"dtype.master{decision_suffix(role)}",
+            dtype.resolve_master(master, p, plan.registry),
+            f"{fsdp}.model_dtype",
+        )
     return actor_train
 
 
@@ -175,7 +175,7 @@ def _model_config_dtypes(plan: _Plan, train: str) -> None:
             if key not in plan.requested or value is None or str(value).strip().lower() == "auto":
                 continue
             req = Request("dtype.model", key, value, True, None, {"train_dtype": train})
-            plan.add(f"dtype.model{_sfx(role)}", dtype.resolve_rollout(req, plan.profile, plan.registry))
+            plan.add(f"dtype.model{decision_suffix(role)}", dtype.resolve_rollout(req, plan.profile, plan.registry))
 
 
 def _attention(plan: _Plan) -> str:
@@ -184,7 +184,7 @@ def _attention(plan: _Plan) -> str:
     for role, model in MODEL_ROLES.items():
         key = f"{model}.override_config.attn_implementation"
         attn = plan.add(
-            f"attention{_sfx(role)}",
+            f"attention{decision_suffix(role)}",
             attention.resolve_attention(plan.request("attention", [key], UPSTREAM_ATTN), p, plan.registry),
             key,
         )
@@ -202,7 +202,9 @@ def _attention(plan: _Plan) -> str:
         rmpad_key = f"{model}.use_remove_padding"
         req = plan.request("attention.remove_padding", [rmpad_key], True, facts)
         plan.add(
-            f"attention.remove_padding{_sfx(role)}", attention.resolve_remove_padding(req, p, plan.registry), rmpad_key
+            f"attention.remove_padding{decision_suffix(role)}",
+            attention.resolve_remove_padding(req, p, plan.registry),
+            rmpad_key,
         )
     return actor_attn
 
@@ -214,7 +216,9 @@ def _kernels(plan: _Plan) -> None:
         # the role-level use_torch_compile is a legacy key the FSDP engine ignores; typing it still is a request
         keys = [key] if role == CRITIC else [key, f"{role_cfg}.use_torch_compile"]
         req = plan.request("kernels.torch_compile", keys, True)
-        plan.add(f"kernels.torch_compile{_sfx(role)}", kernels.resolve_torch_compile(req, p, plan.registry), key)
+        plan.add(
+            f"kernels.torch_compile{decision_suffix(role)}", kernels.resolve_torch_compile(req, p, plan.registry), key
+        )
     triton = plan.add(
         "kernels.triton",
         kernels.resolve_triton(
@@ -256,10 +260,10 @@ def _kernels(plan: _Plan) -> None:
         key = backend_key if on and backend_key in plan.requested else use_key
         req = Request("kernels.fused", key, value, asked, "off", facts={"lm_head": role == ACTOR})
         # a defaulted "torch" (the actor, below sm_80) is the memory plan's to take or leave: it writes the keys
-        plan.add(f"kernels.fused{_sfx(role)}", kernels.resolve_fused(req, p, plan.registry))
+        plan.add(f"kernels.fused{decision_suffix(role)}", kernels.resolve_fused(req, p, plan.registry))
         liger_key = f"{model}.use_liger"
         plan.add(
-            f"kernels.liger{_sfx(role)}",
+            f"kernels.liger{decision_suffix(role)}",
             kernels.resolve_liger(plan.request("kernels.liger", [liger_key], False), p, plan.registry),
             liger_key,
         )
@@ -337,7 +341,7 @@ def _optimizer_step(plan: _Plan) -> None:
         # a dict (or one of its keys) the user set is passed through as theirs: reported, never replaced
         request = plan.request("memory.optimizer_step", [key, f"{key}.fused", f"{key}.foreach"], "default", facts)
         decision = memory.resolve_optimizer_step(request, plan.profile, plan.registry)
-        plan.add(f"memory.optimizer_step{_sfx(role)}", decision)
+        plan.add(f"memory.optimizer_step{decision_suffix(role)}", decision)
         override = memory.OPTIMIZER_OVERRIDES.get(decision.value) if isinstance(decision.value, str) else None
         if override and decision.defaulted:
             plan.writes[key] = dict(override)

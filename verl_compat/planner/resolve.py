@@ -11,7 +11,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from verl_compat.config_keys import ACTOR, fused_keys, offload_policy_keys
+from verl_compat.config_keys import ACTOR, decision_suffix, fused_keys, offload_policy_keys
 from verl_compat.decision import Decision
 from verl_compat.detect import host as host_facts
 from verl_compat.planner import keys as K
@@ -185,7 +185,7 @@ def _policy_outcome(plan: MemoryPlan, profile: DeviceProfile, decisions: Mapping
     settles it (one record per role), and the offload_policy key's."""
     out = {}
     for role in plan.policy_roles:
-        sfx = "" if role == ACTOR else f".{role}"
+        sfx = decision_suffix(role)
         _, policy_key = offload_policy_keys(role)
         why = f"memory plan: FSDP2, for its CPU offload policy ({policy_key}=true): nothing else fits the card"
         name = f"platform.strategy{sfx}"
