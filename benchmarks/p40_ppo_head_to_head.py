@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
             setting,
             assets,
             args.steps,
-            Path(f"/tmp/h2h-{setting}"),
+            Path(f"/tmp/h2h-{profile}-{args.shape}-{setting}"),  # one folder per job: logs of a run survive the next
             extra=extra if setting == PLANNED else (),
             timeout_s=args.timeout_s,
             trace=args.trace,

@@ -435,9 +435,18 @@ def run_setting(
             "errors": sampler.errors[:5],
         },
         "log": str(work_dir / "job.log"),
+        "log_tail": None if returncode == 0 else _tail(work_dir / "job.log"),
         "startup_trace": startup_timeline(trace_path, t0) if trace else None,
         "call_totals": call_totals(trace_path) if trace else None,
     }
+
+
+def _tail(path: Path, lines: int = 60) -> list[str]:
+    """The last lines of a failed job's log, kept in the result (the machine that ran it may be gone)."""
+    try:
+        return path.read_text(errors="replace").splitlines()[-lines:]
+    except OSError:
+        return []
 
 
 def call_totals(trace_path: Path) -> dict[str, dict[str, float]]:

@@ -23,3 +23,24 @@ def test_a_non_finite_metric_from_verls_file_logger_is_kept_as_nan_and_left_out_
     assert median_after_first(series) == 0.6  # steps 2+, finite ones
     assert median_after_first(_series(rows, "timing_s/step")) == 2.0
     assert _series(rows, "critic/grad_norm") == [] and median_after_first([]) is None
+
+
+def test_a_failed_job_keeps_its_log_tail_and_the_per_role_memory_series(tmp_path, monkeypatch):
+    """A run on a lent GPU machine that fails leaves its reason in the result (the machine goes back with the
+    log); the memory series read verl's role-prefixed names (the trainer renames the engine's perf/ metrics)."""
+    import benchmarks.ppo_job as ppo_job
+
+    def fake_job(setting, assets, steps, extra, gpus):
+        # one logged step as verl's FileLogger writes it, then a crash
+        row = {"step": 1, "data": {"timing_s/step": 3.0, "actor/perf/max_memory_allocated_gb": 1.25}}
+        code = (
+            f"import json, os; open(os.environ['VERL_FILE_LOGGER_PATH'], 'w').write(json.dumps({row!r}) + '\\n'); "
+            "print('line one'); print('CUDA error: out of memory'); raise SystemExit(3)"
+        )
+        return [sys.executable, "-c", code]
+
+    monkeypatch.setattr(ppo_job, "job_command", fake_job)
+    result = ppo_job.run_setting("a_seed_recipe", None, 1, tmp_path / "job")
+    assert result["returncode"] == 3 and result["steps_completed"] == 1
+    assert result["log_tail"][-1] == "CUDA error: out of memory"
+    assert result["summary"]["actor/perf/max_memory_allocated_gb"]["per_step"] == [1.25]
