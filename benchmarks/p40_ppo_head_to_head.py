@@ -124,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shape", choices=sorted(ppo_job.SHAPES), default="qwen2.5-0.5b")
     ap.add_argument("extra", nargs=argparse.REMAINDER, help="after --: verl overrides for the planned side only")
     args = ap.parse_args(argv)
+    ppo_job.stop_on_sigterm()
     extra = [a for a in args.extra if a != "--"]
     profile = os.environ.get("VERL_COMPAT_DEVICE")
     if profile not in TRAIN_DTYPE:
@@ -148,6 +149,9 @@ def main(argv: list[str] | None = None) -> int:
             trace=args.trace,
         )
         report["sides"][setting] = {**side_report(result), "raw": result}
+        args.out.write_text(json.dumps(report, indent=1, default=str))  # kept if a later side is cut short
+        if ppo_job.STOP.is_set():
+            break
     if "matmul_tflops" not in report:
         report["matmul_tflops"] = matmul_tflops(TRAIN_DTYPE[profile])
     sides = report["sides"]

@@ -28,6 +28,7 @@ import importlib.util
 import json
 import math
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -356,6 +357,15 @@ SUMMARY_KEYS = (
 )
 
 
+# Set by SIGTERM (a device round's `timeout`): the running job is stopped as at its own timeout and its results are
+# still written, instead of the benchmark dying with them.
+STOP = threading.Event()
+
+
+def stop_on_sigterm() -> None:
+    signal.signal(signal.SIGTERM, lambda signum, frame: STOP.set())
+
+
 def run_setting(
     setting: str,
     assets: Assets,
@@ -394,7 +404,7 @@ def run_setting(
     with GpuMemorySampler() as sampler, open(work_dir / "job.log", "w") as log:
         proc = subprocess.Popen(cmd, env=run_env, stdout=log, stderr=subprocess.STDOUT, cwd=work_dir)
         while proc.poll() is None:
-            if timeout_s is not None and time.time() - t0 > timeout_s:
+            if STOP.is_set() or (timeout_s is not None and time.time() - t0 > timeout_s):
                 proc.kill()
                 break
             for row in _read_jsonl(metrics_path):
@@ -420,6 +430,7 @@ def run_setting(
         "device_profile": run_env.get("VERL_COMPAT_DEVICE", "(real)"),
         "gpus": gpus,
         "returncode": returncode,
+        "stopped_by_signal": STOP.is_set(),
         "steps_completed": len(rows),
         "wall_s": round(wall, 1),
         "startup_s": startup,
@@ -518,6 +529,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trace", action="store_true", help="benchmarks/startup_trace in every process (call_totals)")
     ap.add_argument("extra", nargs=argparse.REMAINDER, help="after --: more Hydra overrides")
     args = ap.parse_args(argv)
+    stop_on_sigterm()
     assets = build_assets(args.assets, args.shape)
     work = args.work or Path(f"/tmp/ppo-job-{args.setting}")
     extra = [a for a in args.extra if a != "--"]

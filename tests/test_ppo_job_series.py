@@ -44,3 +44,33 @@ def test_a_failed_job_keeps_its_log_tail_and_the_per_role_memory_series(tmp_path
     assert result["returncode"] == 3 and result["steps_completed"] == 1
     assert result["log_tail"][-1] == "CUDA error: out of memory"
     assert result["summary"]["actor/perf/max_memory_allocated_gb"]["per_step"] == [1.25]
+
+
+def test_sigterm_stops_the_job_as_its_timeout_does_and_the_results_are_still_returned(tmp_path, monkeypatch):
+    """A device round's `timeout` sends SIGTERM: the job is killed and what it logged is kept (it was lost)."""
+    import os
+    import signal
+    import threading
+
+    import benchmarks.ppo_job as ppo_job
+
+    def slow_job(setting, assets, steps, extra, gpus):
+        row = {"step": 1, "data": {"timing_s/step": 2.0}}
+        code = (
+            "import json, os, time; "
+            f"open(os.environ['VERL_FILE_LOGGER_PATH'], 'w').write(json.dumps({row!r}) + '\\n'); "
+            "print('step 1 done', flush=True); time.sleep(60)"
+        )
+        return [sys.executable, "-c", code]
+
+    monkeypatch.setattr(ppo_job, "job_command", slow_job)
+    monkeypatch.setattr(ppo_job, "STOP", threading.Event())
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        ppo_job.stop_on_sigterm()
+        threading.Timer(3.0, os.kill, (os.getpid(), signal.SIGTERM)).start()
+        result = ppo_job.run_setting("a_seed_recipe", None, 1, tmp_path / "job")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert result["stopped_by_signal"] and result["returncode"] != 0 and result["wall_s"] < 30
+    assert result["steps_completed"] == 1 and result["log_tail"] == ["step 1 done"]
