@@ -69,6 +69,19 @@ def step_flops(params: int, tokens: float, response_tokens: float) -> float:
     return params * (tokens * (6 + 2 + 2 + 2 + 6) + 2 * response_tokens)
 
 
+def planned_figures(sides: dict[str, Any], params: int, tflops: float) -> dict[str, Any]:
+    """The planned step against its compute floor, and (with the seed side) the tokens/s ratio."""
+    out: dict[str, Any] = {}
+    p = sides[PLANNED]
+    if p["tokens_per_step"] and p["step_s"]:
+        floor = step_flops(params, p["tokens_per_step"], 32 * ppo_job.RESPONSE_TOKENS) / (tflops * 1e12)
+        out["planned_vs_floor"] = {"floor_s": floor, "step_s": p["step_s"], "ratio": p["step_s"] / floor}
+    a = sides.get("a_seed_recipe")
+    if a and a["tokens_per_s"] and p["tokens_per_s"]:
+        out["tokens_per_s_ratio"] = p["tokens_per_s"] / a["tokens_per_s"]
+    return out
+
+
 def _median(result: dict[str, Any], key: str) -> float | None:
     return result["summary"].get(key, {}).get("median_after_first")
 
@@ -155,20 +168,13 @@ def main(argv: list[str] | None = None) -> int:
     if "matmul_tflops" not in report:
         report["matmul_tflops"] = matmul_tflops(TRAIN_DTYPE[profile])
     sides = report["sides"]
-    if "a_seed_recipe" in sides and PLANNED in sides:
-        a, p = sides["a_seed_recipe"], sides[PLANNED]
+    if PLANNED in sides:  # the floor needs the planned side only; the ratio needs both
         from transformers import AutoConfig
 
         from verl_compat.planner.shape import ModelShape
 
         params = ModelShape.from_config(AutoConfig.from_pretrained(assets.model_dir)).lm_params
-        if p["tokens_per_step"] and p["step_s"]:
-            floor = step_flops(params, p["tokens_per_step"], 32 * ppo_job.RESPONSE_TOKENS) / (
-                report["matmul_tflops"] * 1e12
-            )
-            report["planned_vs_floor"] = {"floor_s": floor, "step_s": p["step_s"], "ratio": p["step_s"] / floor}
-        if a["tokens_per_s"] and p["tokens_per_s"]:
-            report["tokens_per_s_ratio"] = p["tokens_per_s"] / a["tokens_per_s"]
+        report.update(planned_figures(sides, params, report["matmul_tflops"]))
     report["memory_within_card"] = {s: (v["peak_card_mib"] or 0) <= card_mib for s, v in sides.items()}
     args.out.write_text(json.dumps(report, indent=1, default=str))
     for name, side in sides.items():

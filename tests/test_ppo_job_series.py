@@ -74,3 +74,16 @@ def test_sigterm_stops_the_job_as_its_timeout_does_and_the_results_are_still_ret
         signal.signal(signal.SIGTERM, previous)
     assert result["stopped_by_signal"] and result["returncode"] != 0 and result["wall_s"] < 30
     assert result["steps_completed"] == 1 and result["log_tail"] == ["step 1 done"]
+
+
+def test_the_planned_floor_needs_only_the_planned_side_and_the_ratio_both():
+    from benchmarks.p40_ppo_head_to_head import planned_figures, step_flops
+
+    planned = {"tokens_per_step": 10_000.0, "step_s": 6.0, "tokens_per_s": 10_000 / 6.0}
+    alone = planned_figures({"planned": planned}, 500_000_000, 50.0)
+    floor = step_flops(500_000_000, 10_000.0, 32 * 256) / 50e12
+    assert alone == {"planned_vs_floor": {"floor_s": floor, "step_s": 6.0, "ratio": 6.0 / floor}}
+    seed = {"tokens_per_s": 100.0}
+    both = planned_figures({"planned": planned, "a_seed_recipe": seed}, 500_000_000, 50.0)
+    assert both["tokens_per_s_ratio"] == planned["tokens_per_s"] / 100.0
+    assert planned_figures({"planned": {**planned, "step_s": None}}, 1, 1.0) == {}
