@@ -60,6 +60,36 @@ def load(path: Path) -> list[dict[str, Any]]:
         return json.load(f).get("traceEvents", [])
 
 
+def blocking_stacks(timed: list[dict[str, Any]], frames: int = 4, top: int = 10) -> list[dict[str, Any]]:
+    """Which Python code makes the host wait: each blocking CUDA runtime call under its innermost Python frames
+    (the profiler's `python_function` events, recorded with `contents=[cuda,stack]`), summed by those frames.
+
+    One sweep per thread over the events by start time, keeping the stack of open Python frames (they nest)."""
+    per_tid: dict[Any, list[dict[str, Any]]] = defaultdict(list)
+    for e in timed:
+        if e.get("cat") == "python_function" or (
+            e.get("cat") == "cuda_runtime" and any(b.lower() in e["name"].lower() for b in BLOCKING)
+        ):
+            per_tid[e.get("tid")].append(e)
+    totals: dict[tuple[str, ...], list[float]] = defaultdict(lambda: [0, 0.0])
+    for evs in per_tid.values():
+        evs.sort(key=lambda e: (e["ts"], -e["dur"]))  # a parent before the child that starts with it
+        stack: list[dict[str, Any]] = []
+        for e in evs:
+            while stack and stack[-1]["ts"] + stack[-1]["dur"] < e["ts"]:
+                stack.pop()
+            if e.get("cat") == "python_function":
+                stack.append(e)
+                continue
+            key = (e["name"], *(f["name"][:150] for f in stack[-frames:][::-1]))
+            totals[key][0] += 1
+            totals[key][1] += e["dur"]
+    return [
+        {"call": k[0], "frames": list(k[1:]), "count": c, "ms": round(t * 1e-3, 1)}
+        for k, (c, t) in sorted(totals.items(), key=lambda kv: -kv[1][1])[:top]
+    ]
+
+
 def summarise(events: list[dict[str, Any]], top: int = 25) -> dict[str, Any]:
     timed = [e for e in events if e.get("ph") == "X" and "dur" in e]
     if not timed:
@@ -119,6 +149,7 @@ def summarise(events: list[dict[str, Any]], top: int = 25) -> dict[str, Any]:
         "cpu_ops": {
             n: {"count": c, "ms": round(t * ms, 1)} for n, (c, t) in sorted(ops.items(), key=lambda kv: -kv[1][1])[:20]
         },
+        "blocking_stacks": blocking_stacks(timed),
         "markers": {
             n: {"count": c, "ms": round(t * ms, 1)}
             for n, (c, t) in sorted(marks.items(), key=lambda kv: -kv[1][1])[:20]

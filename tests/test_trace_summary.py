@@ -55,3 +55,23 @@ def test_main_reads_a_folder_and_fails_on_none(tmp_path):
     out = tmp_path / "s.json"
     assert trace_summary.main([str(tmp_path), "--out", str(out)]) == 0
     assert "t.json" in json.loads(out.read_text())
+
+
+def test_blocking_calls_are_summed_under_their_innermost_python_frames():
+    events = [
+        _ev("python_function", "trainer.py(10): update", 0, 100),
+        _ev("python_function", "loss.py(5): metrics", 10, 30),
+        _ev("cuda_runtime", "cudaStreamSynchronize", 20, 5),
+        _ev("cuda_runtime", "cudaStreamSynchronize", 30, 5),
+        _ev("python_function", "optim.py(7): step", 50, 40),
+        _ev("cuda_runtime", "cudaEventSynchronize", 60, 20),
+        _ev("cuda_runtime", "cudaLaunchKernel", 61, 1),  # not blocking
+    ]
+    rows = trace_summary.blocking_stacks(events)
+    assert rows[0] == {
+        "call": "cudaEventSynchronize",
+        "frames": ["optim.py(7): step", "trainer.py(10): update"],
+        "count": 1,
+        "ms": 0.0,
+    }
+    assert rows[1]["frames"] == ["loss.py(5): metrics", "trainer.py(10): update"] and rows[1]["count"] == 2
