@@ -27,7 +27,14 @@ CLASSES = (
     ("softmax / log-softmax", ("softmax",)),
     ("copy / cast", ("copy", "cast", "memcpy", "memset", "fill")),
 )
-BLOCKING = ("synchronize", "cudaMemcpy ", "cudaMemcpy", "cudaStreamWaitEvent")
+
+
+def blocks_host(name: str) -> bool:
+    """A runtime call that waits for the GPU: any *Synchronize, and the synchronous cudaMemcpy. Not
+    cudaStreamWaitEvent (a wait between streams, on the GPU) nor cudaMemcpyAsync."""
+    return "synchronize" in name.lower() or name == "cudaMemcpy"
+
+
 GAP_US = 50.0  # an idle stretch shorter than this is launch latency, not waiting
 
 
@@ -67,9 +74,7 @@ def blocking_stacks(timed: list[dict[str, Any]], frames: int = 4, top: int = 10)
     One sweep per thread over the events by start time, keeping the stack of open Python frames (they nest)."""
     per_tid: dict[Any, list[dict[str, Any]]] = defaultdict(list)
     for e in timed:
-        if e.get("cat") == "python_function" or (
-            e.get("cat") == "cuda_runtime" and any(b.lower() in e["name"].lower() for b in BLOCKING)
-        ):
+        if e.get("cat") == "python_function" or (e.get("cat") == "cuda_runtime" and blocks_host(e["name"])):
             per_tid[e.get("tid")].append(e)
     totals: dict[tuple[str, ...], list[float]] = defaultdict(lambda: [0, 0.0])
     for evs in per_tid.values():
@@ -142,9 +147,7 @@ def summarise(events: list[dict[str, Any]], top: int = 25) -> dict[str, Any]:
             n: {"count": c, "ms": round(t * ms, 1)}
             for n, (c, t) in sorted(runtime.items(), key=lambda kv: -kv[1][1])[:12]
         },
-        "host_blocking_ms": round(
-            sum(t for n, (c, t) in runtime.items() if any(b.lower() in n.lower() for b in BLOCKING)) * ms, 1
-        ),
+        "host_blocking_ms": round(sum(t for n, (c, t) in runtime.items() if blocks_host(n)) * ms, 1),
         # inclusive times: a parent op's time holds its children's
         "cpu_ops": {
             n: {"count": c, "ms": round(t * ms, 1)} for n, (c, t) in sorted(ops.items(), key=lambda kv: -kv[1][1])[:20]

@@ -22,6 +22,7 @@ EVENTS = [
     _ev("gpu_memcpy", "Memcpy DtoH (Device -> Pinned)", 900, 50),  # 470 us gap: waiting
     _ev("cuda_runtime", "cudaStreamSynchronize", 430, 470),
     _ev("cuda_runtime", "cudaLaunchKernel", 0, 5),
+    _ev("cuda_runtime", "cudaStreamWaitEvent", 6, 300),  # a wait between streams, not the host's
     _ev("cpu_op", "aten::mm", 0, 6),
     {"ph": "i", "cat": "kernel", "name": "instant", "ts": 5},  # not a timed event
 ]
@@ -66,6 +67,7 @@ def test_blocking_calls_are_summed_under_their_innermost_python_frames():
         _ev("python_function", "optim.py(7): step", 50, 40),
         _ev("cuda_runtime", "cudaEventSynchronize", 60, 20),
         _ev("cuda_runtime", "cudaLaunchKernel", 61, 1),  # not blocking
+        _ev("cuda_runtime", "cudaMemcpyAsync", 62, 1),
     ]
     rows = trace_summary.blocking_stacks(events)
     assert rows[0] == {
@@ -75,3 +77,4 @@ def test_blocking_calls_are_summed_under_their_innermost_python_frames():
         "ms": 0.0,
     }
     assert rows[1]["frames"] == ["loss.py(5): metrics", "trainer.py(10): update"] and rows[1]["count"] == 2
+    assert len(rows) == 2
