@@ -80,6 +80,10 @@ class JobSpec:
     # (actor, critic) the plan may put under that policy itself, below sm_80 where nothing else fits: the user set
     # none of the keys that decide where the model lives (config_keys.offload_owner_keys)
     policy_free: tuple[bool, bool] = (False, False)
+    # verl's v1 trainer runs the critic: both its passes take K.CRITIC_TOKENS tokens per micro-batch, its row
+    # keys unread; critic_tokens is that budget where the user set it (None: the planner's, or verl's default)
+    critic_v1: bool = False
+    critic_tokens: int | None = None
     settings: Mapping[str, Setting] = field(default_factory=dict)
 
     @property
@@ -98,6 +102,16 @@ class JobSpec:
     @property
     def critic_mini_rows(self) -> int:
         return max(1, self.critic_mini_batch * self.n // self.world)
+
+    def critic_budget_planned(self, free: frozenset[str]) -> bool:
+        """The planner writes the critic's v1 token budget: the user left it, and the critic's rows are planned."""
+        rows_free = K.CRITIC_MICRO in free or K.CRITIC_FWD_MICRO in free
+        return self.critic_v1 and self.critic_tokens is None and rows_free
+
+    def critic_budget_rows(self) -> int:
+        """Full-length rows in one critic micro-batch under the budget verl will use (the user's or its default)."""
+        tokens = self.critic_tokens or K.CRITIC_TOKENS_DEFAULT
+        return max(1, min(tokens // self.seq_len, self.rows))
 
     def setting(self, key: str) -> Setting:
         return self.settings.get(key, Setting(None, False))
@@ -190,5 +204,7 @@ class JobSpec:
             token_budgets=token_budgets_allowed(packed, token_keys_set, settings),
             host_offload=host_offload,
             policy_free=(policy_free(ACTOR, host_offload[0]), need_critic and policy_free(CRITIC, host_offload[1])),
+            critic_v1=need_critic and bool(get("trainer.use_v1", True)),
+            critic_tokens=int(get(K.CRITIC_TOKENS)) if is_requested(K.CRITIC_TOKENS) else None,
             settings=settings,
         )

@@ -21,7 +21,7 @@ GPU_UTIL = "actor_rollout_ref.rollout.gpu_memory_utilization"
 SYNC_BUCKET_MB = "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes"  # read, not planned
 
 # verl's token budgets per micro-batch (use_dynamic_bsz): planned in place of the row counts above for the actor's
-# passes when the user set none of them (MemoryPlan.writes); the critic keeps rows (its v1 budgets are one key).
+# passes when the user set none of them (MemoryPlan.writes).
 ACTOR_DYNAMIC = "actor_rollout_ref.actor.use_dynamic_bsz"
 LOGPROB_DYNAMIC = "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz"
 REF_DYNAMIC = "actor_rollout_ref.ref.log_prob_use_dynamic_bsz"
@@ -29,6 +29,11 @@ ACTOR_TOKENS = "actor_rollout_ref.actor.ppo_max_token_len_per_gpu"
 LOGPROB_TOKENS = "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu"
 REF_TOKENS = "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu"
 TOKEN_KEYS = (ACTOR_DYNAMIC, LOGPROB_DYNAMIC, REF_DYNAMIC, ACTOR_TOKENS, LOGPROB_TOKENS, REF_TOKENS)
+# verl's v1 trainer (trainer.use_v1, the default) sizes both critic passes by this one token budget
+# (v1/trainer_base.py copies it into critic.fsdp's max_token_len_per_gpu and infer_max_token_len_per_gpu; the
+# critic's row keys are read only by the v0 trainer). CriticConfig's default, absent from the yaml: 32768.
+CRITIC_TOKENS = "critic.ppo_infer_max_token_len_per_gpu"
+CRITIC_TOKENS_DEFAULT = 32768
 TOKEN_BUDGET_OF = {ACTOR_TOKENS: ACTOR_MICRO, LOGPROB_TOKENS: LOGPROB_MICRO, REF_TOKENS: REF_MICRO}
 
 MICRO_KEYS = (ACTOR_MICRO, LOGPROB_MICRO, REF_MICRO, CRITIC_MICRO, CRITIC_FWD_MICRO)
@@ -44,6 +49,7 @@ LABELS = {
     REF_MICRO: "reference micro-batch",
     CRITIC_MICRO: "critic micro-batch",
     CRITIC_FWD_MICRO: "critic forward micro-batch",
+    CRITIC_TOKENS: "critic token budget, read by verl's v1 trainer",
     ACTOR_PARAM_OFFLOAD: "actor parameter offload",
     ACTOR_OPTIM_OFFLOAD: "actor optimizer offload",
     CRITIC_PARAM_OFFLOAD: "critic parameter offload",

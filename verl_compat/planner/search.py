@@ -157,6 +157,8 @@ class MemoryPlan:
             if not self.job.need_ref and key == K.REF_MICRO:
                 continue
             out[key] = self.value(key)
+        if self.job.critic is not None and self.job.critic_budget_planned(self.free):
+            out[K.CRITIC_TOKENS] = self.choice.critic_micro * self.job.seq_len
         if self.job.token_budgets and all(k in self.free for k in K.TOKEN_BUDGET_OF.values()):
             out |= self.token_budgets()
         for role in self.policy_roles:
@@ -220,6 +222,14 @@ class MemoryPlan:
         if budgets:
             what = ", ".join(f"{K.LABELS[K.TOKEN_BUDGET_OF[k]]} {v}" for k, v in budgets.items())
             lines.append(f"micro-batches by token budget (verl's use_dynamic_bsz): {what} tokens")
+        if job.critic_v1 and job.critic is not None:
+            tokens = writes.get(K.CRITIC_TOKENS) or job.critic_tokens or K.CRITIC_TOKENS_DEFAULT
+            whose = "planned" if K.CRITIC_TOKENS in writes else "as set" if job.critic_tokens else "verl's default"
+            lines.append(
+                f"critic micro-batches by token budget (verl's v1 trainer reads {K.CRITIC_TOKENS} for both "
+                f"passes): {tokens} tokens, {whose}; estimated at {self.choice.critic_micro} full-length rows "
+                "(padded micro-batches of shorter sequences hold more rows)"
+            )
         if job.fused_head != "off":
             how = "fused (verl's FusedLinearForPPO, torch)" if self.choice.fused_head else "unfused logits"
             lines.append(f"actor head: {how}{'' if job.fused_head == 'free' else ', as set'}")
@@ -231,6 +241,8 @@ def _options(job: JobSpec, key: str, free: frozenset[str]) -> list[Any]:
     """Candidate values of one Choice field: the planner's set when free, else the config's value."""
     s = job.setting(key)
     fld = FIELD[key]
+    if fld in ("critic_micro", "critic_fwd_micro") and job.critic_v1 and not job.critic_budget_planned(free):
+        return [job.critic_budget_rows()]  # verl sizes both passes by the token budget, not by these keys
     if key not in free:
         if fld.endswith("micro") or fld == "rollout_batch":
             v = _as_int(s.value)
@@ -286,6 +298,11 @@ def _search(
             rollout_share = int(rollout_phases(job, choice)[0].total * (1 + FRAGMENTATION))
             budget = _trainer_budget(job, rollout_share)
             picks = {fld: next((v for v, total in sized[fld] if total <= budget), None) for fld in _MICRO_PHASE}
+            if job.critic_v1 and picks["critic_micro"] and picks["critic_fwd_micro"]:
+                # one budget for both critic passes: the smaller fits both
+                picks["critic_micro"] = picks["critic_fwd_micro"] = min(
+                    picks["critic_micro"], picks["critic_fwd_micro"]
+                )
             ok = all(v is not None for v in picks.values())
             if not ok and not closest_too:
                 continue
@@ -410,6 +427,14 @@ def _smallest_fix(job: JobSpec, free: frozenset[str], fixed: list[str], device_n
     """One kept value released (micro-batches first, then offload, checkpointing, the rollout batch), else all
     of them, else shorter responses or a smaller model."""
     held = [k for k in K.PLANNED_KEYS if k not in free and k in FIELD]
+    if job.critic_v1 and job.critic_tokens:  # the user's critic budget sizes the critic's passes, not its row keys
+        critic_rows = frozenset({K.CRITIC_MICRO, K.CRITIC_FWD_MICRO})
+        plan, _ = _search(job.with_(critic_tokens=None), free | critic_rows, device_name)
+        if plan is not None:
+            tokens = plan.writes()[K.CRITIC_TOKENS]
+            return (
+                f"set {K.CRITIC_TOKENS}={tokens} ({K.LABELS[K.CRITIC_TOKENS]}) or remove it and let verl-compat plan it"
+            )
     for key in held:
         plan, _ = _search(job, free | {key}, device_name)
         if plan is not None:
