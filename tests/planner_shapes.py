@@ -54,3 +54,19 @@ def write_config(folder: Path, size: str) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(config_dict(size)))
     return folder
+
+
+def ppo_job_overrides(folder: Path) -> list[str]:
+    """verl overrides for the benchmark's PPO job (0.5B config, critic and reference, 32 x 256+256, one GPU)."""
+    model = write_config(folder / "qwen2.5-0.5b", "0.5B")
+    return [
+        f"actor_rollout_ref.model.path={model}",
+        f"critic.model.path={model}",
+        "trainer.n_gpus_per_node=1",
+        "data.train_batch_size=32",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=32",
+        "critic.ppo_mini_batch_size=32",
+        "data.max_prompt_length=256",
+        "data.max_response_length=256",
+        "algorithm.use_kl_in_reward=true",
+    ]

@@ -4,7 +4,7 @@ keys: the plan's critic micro-batch must reach verl as that budget, and a budget
 from __future__ import annotations
 
 import pytest
-from planner_shapes import write_config
+from planner_shapes import ppo_job_overrides
 
 from verl_compat.catalog import get_profile
 from verl_compat.planner import keys as K
@@ -14,18 +14,7 @@ from verl_compat.user_keys import RequestedKeys
 
 @pytest.fixture(scope="module")
 def overrides(tmp_path_factory) -> list[str]:
-    model = write_config(tmp_path_factory.mktemp("m") / "qwen2.5-0.5b", "0.5B")
-    return [
-        f"actor_rollout_ref.model.path={model}",
-        f"critic.model.path={model}",
-        "trainer.n_gpus_per_node=1",
-        "data.train_batch_size=32",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=32",
-        "critic.ppo_mini_batch_size=32",
-        "data.max_prompt_length=256",
-        "data.max_response_length=256",
-        "algorithm.use_kl_in_reward=true",
-    ]
+    return ppo_job_overrides(tmp_path_factory.mktemp("m"))
 
 
 def _requested(overrides: list[str]) -> RequestedKeys:
