@@ -108,10 +108,14 @@ class JobSpec:
         rows_free = K.CRITIC_MICRO in free or K.CRITIC_FWD_MICRO in free
         return self.critic_v1 and self.critic_tokens is None and rows_free
 
+    @property
+    def critic_budget_unplanned(self) -> int:
+        """The critic's v1 token budget when the planner writes none: the user's, else verl's default."""
+        return self.critic_tokens or K.CRITIC_TOKENS_DEFAULT
+
     def critic_budget_rows(self) -> int:
-        """Full-length rows in one critic micro-batch under the budget verl will use (the user's or its default)."""
-        tokens = self.critic_tokens or K.CRITIC_TOKENS_DEFAULT
-        return max(1, min(tokens // self.seq_len, self.rows))
+        """Full-length rows in one critic micro-batch under that budget."""
+        return max(1, min(self.critic_budget_unplanned // self.seq_len, self.rows))
 
     def setting(self, key: str) -> Setting:
         return self.settings.get(key, Setting(None, False))

@@ -223,7 +223,7 @@ class MemoryPlan:
             what = ", ".join(f"{K.LABELS[K.TOKEN_BUDGET_OF[k]]} {v}" for k, v in budgets.items())
             lines.append(f"micro-batches by token budget (verl's use_dynamic_bsz): {what} tokens")
         if job.critic_v1 and job.critic is not None:
-            tokens = writes.get(K.CRITIC_TOKENS) or job.critic_tokens or K.CRITIC_TOKENS_DEFAULT
+            tokens = writes.get(K.CRITIC_TOKENS, job.critic_budget_unplanned)
             whose = "planned" if K.CRITIC_TOKENS in writes else "as set" if job.critic_tokens else "verl's default"
             lines.append(
                 f"critic micro-batches by token budget (verl's v1 trainer reads {K.CRITIC_TOKENS} for both "
