@@ -25,7 +25,7 @@ ALGOS = {  # (critic, reference, samples per prompt)
 }
 
 
-def _job(profile: str, size: str, algo: str, batch: int = 32, **settings) -> JobSpec:
+def _job(profile: str, size: str, algo: str, batch: int = 32, sleeps: bool = True, **settings) -> JobSpec:
     p = get_profile(profile)
     shape = ModelShape.from_config(config_dict(size))
     critic, ref, n = ALGOS[algo]
@@ -45,6 +45,7 @@ def _job(profile: str, size: str, algo: str, batch: int = 32, **settings) -> Job
         train_bytes=b,
         critic_train_bytes=b,
         rollout_bytes=b,
+        rollout_sleeps=sleeps,  # the hf server frees its GPU memory between generations (verl's default)
         settings={k: Setting(v, True) for k, v in settings.items()},
     )
 
@@ -79,6 +80,29 @@ def test_plan_fits_by_its_own_estimate_or_is_refused_with_numbers(profile, size,
     assert (K.CRITIC_MICRO in writes) == (job.critic is not None)
     assert (K.REF_MICRO in writes) == job.need_ref
     assert writes[K.ROLLOUT_TOKENS] == c.rollout_batch * job.seq_len
+
+
+@pytest.mark.parametrize("profile", ["p40", "t4"])
+def test_a_sleeping_rollout_server_leaves_the_trainers_phases_the_card(profile):
+    """Where the server frees its weights and KV cache between generations, each trainer compute phase shares the
+    card with the asleep server only, and the weight sync with the awake one; a server that stays awake
+    (rollout.free_cache_engine=false) is on the card beside every phase, so the trainer gets less."""
+    from verl_compat.planner.estimate import FRAGMENTATION, SYNC
+
+    sleeping = plan_job(_job(profile, "0.5B", "ppo_gae_kl_reward"), profile)
+    e = sleeping.estimate
+    room = job_room = e.card_bytes - e.contexts - e.headroom
+    for ph in e.trainer:
+        beside = e.share("rollout") if ph.name == SYNC else e.asleep
+        assert ph.total * (1 + FRAGMENTATION) + beside <= room, ph.name
+    assert e.asleep < e.share("rollout") / 4
+    awake = plan_job(_job(profile, "0.5B", "ppo_gae_kl_reward", sleeps=False), profile).estimate
+    assert [p.name for p in awake.rollout] == ["generate"]
+    assert awake.share("trainer") + awake.share("rollout") <= job_room
+    assert e.share("trainer") + e.share("rollout") > job_room  # more than both peaks at once would allow
+    assert e.share("trainer") > awake.share("trainer")
+    caps = sleeping.shares  # the simulated card's caps: the card guard keeps their sum within the card
+    assert caps["trainer"] == e.card_bytes - e.asleep - e.contexts - e.headroom // 2
 
 
 def test_small_models_fit_every_old_card_with_16_gb_or_more():
@@ -201,8 +225,9 @@ def test_the_plan_takes_the_fused_head_where_it_lets_micro_batches_grow_and_leav
     unfused = plan_job(_job("p40", "0.5B", "ppo_gae_kl_reward"), "p40")  # the head left off: as before
     assert not unfused.choice.fused_head and unfused.choice.logprob_micro < p40.choice.logprob_micro
     assert any(line.startswith("actor head: fused") for line in p40.table())
-    # a T4's 15 GB: the update runs one sequence per micro-batch, where the chunk would hold more
-    t4 = plan_job(_job("t4", "0.5B", "ppo_gae_kl_reward").with_(fused_head="free"), "t4")
+    # a T4's 15 GB beside an awake server: the update runs one sequence per micro-batch, where the chunk would
+    # hold more (with the server asleep the update has room for 16 sequences, and takes the head)
+    t4 = plan_job(_job("t4", "0.5B", "ppo_gae_kl_reward", sleeps=False).with_(fused_head="free"), "t4")
     assert not t4.choice.fused_head and t4.choice.actor_micro == 1
     forced = plan_job(_job("t4", "0.5B", "ppo_gae_kl_reward").with_(fused_head="on", fused_chunk=128), "t4")
     assert forced.choice.fused_head  # a user's choice is kept

@@ -42,6 +42,17 @@ def test_p40_gets_a_plan_for_every_value_left_unset(job_overrides):
     assert repr(plan.value).startswith("fits: ")
 
 
+def test_the_plan_counts_the_asleep_rollout_server_only_where_verl_frees_its_memory(job_overrides):
+    card = get_profile("p40").total_memory_bytes
+    _, sleeping, _ = _decide("p40", job_overrides)
+    _, awake, _ = _decide("p40", [*job_overrides, "actor_rollout_ref.rollout.free_cache_engine=false"])
+    s, a = sleeping["memory.plan"], awake["memory.plan"]
+    assert any(r.startswith("rollout/asleep:") for r in s.reasons)
+    assert not any(r.startswith("rollout/asleep:") for r in a.reasons)
+    assert sum(a.value["shares"].values()) <= card < sum(s.value["shares"].values())
+    assert s.value["total"] <= card and a.value["total"] <= card
+
+
 def test_a_value_the_user_set_is_kept_or_refused_at_start_up(job_overrides):
     _, decisions, writes = _decide("p40", [*job_overrides, f"{K.ACTOR_MICRO}=2"])
     assert K.ACTOR_MICRO not in writes and decisions[f"memory.{K.ACTOR_MICRO}"].value == 2
@@ -85,10 +96,15 @@ def test_shares_reach_the_simulated_cards_memory_caps(job_overrides, monkeypatch
     monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, d: calls.append(f))
     monkeypatch.setattr(torch.backends.cuda, "enable_flash_sdp", lambda on: None)
     monkeypatch.setattr(torch.backends.cuda, "enable_cudnn_sdp", lambda on: None)
+    guards = []
+    monkeypatch.setattr(simulate, "card_guard", lambda device, card, share: guards.append((device, card, share)))
+    card = get_profile("p40").total_memory_bytes
     assert simulate.prepare_device(get_profile("p40"), "trainer") == pytest.approx(shares["trainer"] / real)
     simulate._capped.clear()
     assert simulate.prepare_device(get_profile("p40"), "rollout") == pytest.approx(shares["rollout"] / real)
-    assert sum(calls) * real <= get_profile("p40").total_memory_bytes  # together within the card
+    # the rollout sleeps between generations, so the two shares add up to more than the card; each process's
+    # card guard keeps the sum within it
+    assert guards == [(0, card, shares["trainer"]), (0, card, shares["rollout"])]
     assert planned_share("trainer") == shares["trainer"]
     monkeypatch.setenv(SHARES_ENV, "not json")
     with pytest.raises(PlanError, match=SHARES_ENV):

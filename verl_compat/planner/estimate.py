@@ -46,6 +46,11 @@ CUDA_TRAIN_ACTIVATIONS = 1.15
 # the weights (benchmarks/results/p40_h200_ppo_in_loop.json, rollout_server_torch_reserved_mib).
 ROLLOUT_RUNTIME = 320 * 2**20
 HEADROOM = 0.05  # of the card, kept free beyond every estimate
+# The hf rollout server asleep (free_cache_engine: weights and KV cache freed), beyond its CUDA context: in nvidia-smi
+# 748-812 MiB over 12 sleep cycles (benchmarks/results/rollout_memory_cycles_p40_round_k.json) and 750-754 MiB in
+# verl's loop (p40_h200_ppo_planned_41steps_round_m.json), of which CONTEXT_ROLLOUT is the context.
+ROLLOUT_ASLEEP = 192 * 2**20
+SYNC = "update_weights"  # the trainer phase that runs while the rollout server is awake
 # Host memory under FSDP2's CPU offload policy beyond its models' bytes (MemoryPlan.host_need). Measured on the H200
 # host, T4 Qwen2.5-1.5B PPO with actor and critic under the policy (benchmarks/results/
 # t4_h200_ppo_15b_offload_policy_round_q.json, host_used_mib above the pre-job level): the job's processes held
@@ -247,7 +252,7 @@ def trainer_phases(job: JobSpec, c: Choice) -> list[Phase]:
     phases.append(p)
 
     # host-offloaded weights are gathered on the host and staged in shared memory: nothing of the sync on the card
-    p = Phase("trainer", "update_weights")
+    p = Phase("trainer", SYNC)
     if not host_a:
         p.parts |= {"actor weights": pa * m, "largest tensor gathered": a.embedding_params * m}
         if job.engine == "hf":
@@ -305,7 +310,8 @@ def _kept_by_stale_views(job: JobSpec, c: Choice) -> int:
 
 
 def rollout_phases(job: JobSpec, c: Choice) -> list[Phase]:
-    """The rollout server during generation (it holds only host memory while asleep)."""
+    """The rollout server during generation, and asleep where it frees its weights and KV cache between
+    generations (JobSpec.rollout_sleeps)."""
     a, rb = job.actor, job.rollout_bytes
     rows = min(c.rollout_batch, job.rows)
     kv = rows * job.seq_len * a.kv_bytes_per_token(rb)
@@ -318,15 +324,25 @@ def rollout_phases(job: JobSpec, c: Choice) -> list[Phase]:
         "decode graphs and workspaces": ROLLOUT_RUNTIME if job.on_gpu else 0,
     }
     parts = {k: v for k, v in parts.items() if v}
-    return [Phase("rollout", "generate", parts)]
+    phases = [Phase("rollout", "generate", parts)]
+    if job.rollout_sleeps:
+        phases.append(Phase("rollout", "asleep", {"asleep server beyond its CUDA context": ROLLOUT_ASLEEP}))
+    return phases
 
 
 @dataclass
 class Estimate:
+    """What the card holds at each moment of a step. Where the rollout server sleeps between generations
+    (`rollout_sleeps`), the trainer's compute phases share the card with the asleep server only, and the server
+    awake (the weight sync, then generation) shares it with the trainer's sync phase, the largest thing the trainer
+    holds then (it empties its cache before the sync: measured 12,800 MiB while the server generated, 18,294 MiB
+    in its own phases, p40_h200_ppo_planned_round_t.json). Otherwise both peaks are on the card together."""
+
     trainer: list[Phase]
     rollout: list[Phase]
     card_bytes: int
     on_gpu: bool
+    rollout_sleeps: bool = False
 
     @property
     def trainer_peak(self) -> Phase:
@@ -350,9 +366,32 @@ class Estimate:
         return int(self.card_bytes * HEADROOM)
 
     @property
+    def asleep(self) -> int:
+        """The asleep server's share (0 where it does not sleep)."""
+        return next((_slack(p) for p in self.rollout if p.name == "asleep"), 0)
+
+    def moments(self) -> list[tuple[str, int]]:
+        """(what is on the card, its bytes with the allocator slack) at each moment of the step, without the
+        contexts and the headroom; one moment (both peaks) where the server does not sleep."""
+        if not self.rollout_sleeps:
+            return [(f"trainer {self.trainer_peak.name} + rollout {self.rollout_peak.name}", self._both())]
+        awake = self.share("rollout")
+        compute = [p for p in self.trainer if p.name != SYNC]
+        out = [(f"trainer {p.name} + rollout asleep", _slack(p) + self.asleep) for p in compute]
+        out += [(f"trainer {p.name} + rollout awake", _slack(p) + awake) for p in self.trainer if p.name == SYNC]
+        return out
+
+    def _both(self) -> int:
+        return self.share("trainer") + self.share("rollout")
+
+    @property
+    def peak_moment(self) -> tuple[str, int]:
+        return max(self.moments(), key=lambda m: m[1])
+
+    @property
     def total(self) -> int:
-        """What the card must hold: both shares, the contexts and the headroom."""
-        return self.share("trainer") + self.share("rollout") + self.contexts + self.headroom
+        """What the card must hold: the fullest moment, the contexts and the headroom."""
+        return self.peak_moment[1] + self.contexts + self.headroom
 
     @property
     def overflow(self) -> int:
@@ -363,5 +402,9 @@ class Estimate:
         return self.overflow <= 0
 
 
+def _slack(phase: Phase) -> int:
+    return int(phase.total * (1 + FRAGMENTATION))
+
+
 def estimate(job: JobSpec, c: Choice) -> Estimate:
-    return Estimate(trainer_phases(job, c), rollout_phases(job, c), job.card_bytes, job.on_gpu)
+    return Estimate(trainer_phases(job, c), rollout_phases(job, c), job.card_bytes, job.on_gpu, job.rollout_sleeps)

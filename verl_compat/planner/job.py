@@ -60,6 +60,9 @@ class JobSpec:
     rollout_bytes: int = 4
     engine: str = "hf"
     on_gpu: bool = True  # False on a CPU: no CUDA contexts
+    # the hf rollout server frees its weights and KV cache on the GPU between generations (rollout.free_cache_engine,
+    # verl's default): the trainer's compute phases then share the card with the asleep server only
+    rollout_sleeps: bool = False
     actor_entropy: bool = False  # entropy_coeff != 0: the update keeps an entropy graph too
     use_dynamic_bsz: bool = False
     sync_bucket_bytes: int = 2048 << 20  # rollout.checkpoint_engine.update_weights_bucket_megabytes
@@ -198,6 +201,9 @@ class JobSpec:
             rollout_bytes=DTYPE_BYTES.get(str(dtypes.get("rollout", "fp32")).lower(), 4),
             engine=str(engine),
             on_gpu=on_gpu,
+            rollout_sleeps=on_gpu
+            and str(engine) == "hf"
+            and bool(get("actor_rollout_ref.rollout.free_cache_engine", True)),
             actor_entropy=float(get("actor_rollout_ref.actor.entropy_coeff", 0) or 0) != 0,
             use_dynamic_bsz=bool(get("actor_rollout_ref.actor.use_dynamic_bsz", False)),
             sync_bucket_bytes=int(get(K.SYNC_BUCKET_MB, 2048)) << 20,

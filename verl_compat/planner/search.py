@@ -2,8 +2,10 @@
 kept, and a job that cannot fit raises `PlanError` with the overflow and the smallest change that fits.
 
 Search: every combination of offload (actor/critic params and optimizer), gradient checkpointing and rollout
-batch; for each, the rollout's share is fixed, and each trainer phase independently takes the largest
-micro-batch that fits what is left (a larger micro-batch is never slower, and phases do not share activations).
+batch; for each, the rollout's share beside the trainer's compute phases is fixed (the asleep server's where it
+sleeps between generations, else its generation peak), and each trainer phase independently takes the largest
+micro-batch that fits what is left (a larger micro-batch is never slower, and phases do not share activations);
+the estimate then checks every moment of the step, the weight sync beside the awake server too.
 """
 
 from __future__ import annotations
@@ -97,12 +99,15 @@ class MemoryPlan:
     def shares(self) -> dict[str, int]:
         """The per-process caps of a simulated card. The rollout gets its share; the trainer, where the estimate's
         errors live (verl's phases, the allocator), also gets what the plan leaves free and half the headroom, so
-        an underestimate there costs headroom rather than the job, and the card's sum still stays below it."""
+        an underestimate there costs headroom rather than the job. Where the server sleeps between generations the
+        trainer's cap counts the asleep server only: the two caps then add up to more than the card, and
+        `verl_compat.simulate`'s card guard lowers each cap to what the other process leaves, as the card would."""
         e = self.estimate
         rollout = e.share("rollout")
         trainer = e.share("trainer")
-        if e.on_gpu and e.fits:
-            trainer = self.job.card_bytes - rollout - e.contexts - e.headroom // 2
+        if e.on_gpu and e.fits:  # beside the asleep server where it sleeps (the card guard keeps the sum within it)
+            beside = e.asleep if e.rollout_sleeps else rollout
+            trainer = max(trainer, self.job.card_bytes - beside - e.contexts - e.headroom // 2)
         return {"trainer": trainer, "rollout": rollout}
 
     def host_bytes(self) -> dict[str, int]:
@@ -190,10 +195,17 @@ class MemoryPlan:
         for ph in [*e.trainer, *e.rollout]:
             parts = ", ".join(f"{k} {gib(v)}" for k, v in ph.parts.items()) or "nothing on the card"
             lines.append(f"{ph.process}/{ph.name}: {gib(ph.total)} = {parts}")
+        moment, held = e.peak_moment
+        when = (
+            "the server sleeps between generations (rollout.free_cache_engine), so the trainer's phases share the card "
+            "with the asleep server and only its sync phase with the awake one"
+            if e.rollout_sleeps
+            else "both peaks at once"
+        )
         lines.append(
-            f"card {gib(job.card_bytes)} = trainer share {gib(e.share('trainer'))} (peak {e.trainer_peak.name} + "
-            f"{FRAGMENTATION:.0%} allocator slack) + rollout share {gib(e.share('rollout'))} + CUDA contexts "
-            f"{gib(e.contexts)} + headroom {gib(e.headroom)} ({HEADROOM:.0%}); free {gib(-e.overflow)}"
+            f"card {gib(job.card_bytes)} at its fullest moment, {moment}: {gib(held)} (with {FRAGMENTATION:.0%} "
+            f"allocator slack) + CUDA contexts {gib(e.contexts)} + headroom {gib(e.headroom)} ({HEADROOM:.0%}); "
+            f"free {gib(-e.overflow)}; {when}"
         )
         if self.host_bytes():
             by = f", planned for the {' and '.join(self.policy_roles)}" if self.policy_roles else ""
@@ -203,9 +215,10 @@ class MemoryPlan:
             )
         if e.on_gpu and e.fits:
             caps = self.shares
+            beside = "the asleep server's share" if e.rollout_sleeps else "the rollout's share"
             lines.append(
-                f"simulated-card caps: trainer {gib(caps['trainer'])} (its share + the free memory + half the "
-                f"headroom), rollout {gib(caps['rollout'])}"
+                f"simulated-card caps: trainer {gib(caps['trainer'])} (the card less {beside}, the contexts and half "
+                f"the headroom), rollout {gib(caps['rollout'])}; each lowered to what the other process leaves"
             )
         total = sum(self.seconds.values())
         lines.append(
@@ -263,9 +276,11 @@ def _options(job: JobSpec, key: str, free: frozenset[str]) -> list[Any]:
     return [False, True]
 
 
-def _trainer_budget(job: JobSpec, rollout_share: int) -> int:
+def _trainer_budget(job: JobSpec, beside: int) -> int:
+    """What a trainer compute phase may hold (before the allocator slack) beside `beside`, the rollout's share at
+    that moment."""
     contexts = CONTEXT_TRAINER + CONTEXT_ROLLOUT if job.on_gpu else 0
-    left = job.card_bytes - int(job.card_bytes * HEADROOM) - contexts - rollout_share
+    left = job.card_bytes - int(job.card_bytes * HEADROOM) - contexts - beside
     return int(left / (1 + FRAGMENTATION))
 
 
@@ -295,8 +310,8 @@ def _search(
         penalty = sum(bool(v) for v in combo)
         for batch in opts["rollout_batch"]:
             choice = dataclasses.replace(base, rollout_batch=batch)
-            rollout_share = int(rollout_phases(job, choice)[0].total * (1 + FRAGMENTATION))
-            budget = _trainer_budget(job, rollout_share)
+            rollout = {p.name: int(p.total * (1 + FRAGMENTATION)) for p in rollout_phases(job, choice)}
+            budget = _trainer_budget(job, rollout["asleep" if job.rollout_sleeps else "generate"])
             picks = {fld: next((v for v, total in sized[fld] if total <= budget), None) for fld in _MICRO_PHASE}
             if job.critic_v1 and picks["critic_micro"] and picks["critic_fwd_micro"]:
                 # one budget for both critic passes: the smaller fits both
