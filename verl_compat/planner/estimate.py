@@ -355,7 +355,7 @@ class Estimate:
     def share(self, process: str) -> int:
         """The allocator cap this process gets: its peak plus fragmentation."""
         peak = self.trainer_peak if process == "trainer" else self.rollout_peak
-        return int(peak.total * (1 + FRAGMENTATION))
+        return with_slack(peak)
 
     @property
     def contexts(self) -> int:
@@ -368,7 +368,7 @@ class Estimate:
     @property
     def asleep(self) -> int:
         """The asleep server's share (0 where it does not sleep)."""
-        return next((_slack(p) for p in self.rollout if p.name == "asleep"), 0)
+        return next((with_slack(p) for p in self.rollout if p.name == "asleep"), 0)
 
     def moments(self) -> list[tuple[str, int]]:
         """(what is on the card, its bytes with the allocator slack) at each moment of the step, without the
@@ -377,8 +377,8 @@ class Estimate:
             return [(f"trainer {self.trainer_peak.name} + rollout {self.rollout_peak.name}", self._both())]
         awake = self.share("rollout")
         compute = [p for p in self.trainer if p.name != SYNC]
-        out = [(f"trainer {p.name} + rollout asleep", _slack(p) + self.asleep) for p in compute]
-        out += [(f"trainer {p.name} + rollout awake", _slack(p) + awake) for p in self.trainer if p.name == SYNC]
+        out = [(f"trainer {p.name} + rollout asleep", with_slack(p) + self.asleep) for p in compute]
+        out += [(f"trainer {p.name} + rollout awake", with_slack(p) + awake) for p in self.trainer if p.name == SYNC]
         return out
 
     def _both(self) -> int:
@@ -402,7 +402,8 @@ class Estimate:
         return self.overflow <= 0
 
 
-def _slack(phase: Phase) -> int:
+def with_slack(phase: Phase) -> int:
+    """A phase's bytes with the allocator's slack: what it holds of the card."""
     return int(phase.total * (1 + FRAGMENTATION))
 
 

@@ -38,6 +38,7 @@ from verl_compat.planner.estimate import (
     rollout_phases,
     sync_staging_bytes,
     trainer_phases,
+    with_slack,
 )
 from verl_compat.planner.job import JobSpec
 from verl_compat.planner.speed import step_seconds
@@ -310,7 +311,7 @@ def _search(
         penalty = sum(bool(v) for v in combo)
         for batch in opts["rollout_batch"]:
             choice = dataclasses.replace(base, rollout_batch=batch)
-            rollout = {p.name: int(p.total * (1 + FRAGMENTATION)) for p in rollout_phases(job, choice)}
+            rollout = {p.name: with_slack(p) for p in rollout_phases(job, choice)}
             budget = _trainer_budget(job, rollout["asleep" if job.rollout_sleeps else "generate"])
             picks = {fld: next((v for v, total in sized[fld] if total <= budget), None) for fld in _MICRO_PHASE}
             if job.critic_v1 and picks["critic_micro"] and picks["critic_fwd_micro"]:
