@@ -370,6 +370,10 @@ class Estimate:
         """The asleep server's share (0 where it does not sleep)."""
         return next((with_slack(p) for p in self.rollout if p.name == "asleep"), 0)
 
+    @property
+    def beside_compute(self) -> int:
+        return beside_compute(self.rollout, self.rollout_sleeps)
+
     def moments(self) -> list[tuple[str, int]]:
         """(what is on the card, its bytes with the allocator slack) at each moment of the step, without the
         contexts and the headroom; one moment (both peaks) where the server does not sleep."""
@@ -400,6 +404,13 @@ class Estimate:
     @property
     def fits(self) -> bool:
         return self.overflow <= 0
+
+
+def beside_compute(rollout: list[Phase], sleeps: bool) -> int:
+    """What the rollout server holds (with the allocator slack) beside the trainer's compute phases: its asleep
+    share where it sleeps between generations, else its generation peak."""
+    name = "asleep" if sleeps else "generate"
+    return next(with_slack(p) for p in rollout if p.name == name)
 
 
 def with_slack(phase: Phase) -> int:

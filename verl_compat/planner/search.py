@@ -32,13 +32,13 @@ from verl_compat.planner.estimate import (
     STEP_EXTRA,
     Choice,
     Estimate,
+    beside_compute,
     estimate,
     optimizer_step_bytes,
     phase_activations,
     rollout_phases,
     sync_staging_bytes,
     trainer_phases,
-    with_slack,
 )
 from verl_compat.planner.job import JobSpec
 from verl_compat.planner.speed import step_seconds
@@ -107,8 +107,7 @@ class MemoryPlan:
         rollout = e.share("rollout")
         trainer = e.share("trainer")
         if e.on_gpu and e.fits:  # beside the asleep server where it sleeps (the card guard keeps the sum within it)
-            beside = e.asleep if e.rollout_sleeps else rollout
-            trainer = max(trainer, self.job.card_bytes - beside - e.contexts - e.headroom // 2)
+            trainer = max(trainer, self.job.card_bytes - e.beside_compute - e.contexts - e.headroom // 2)
         return {"trainer": trainer, "rollout": rollout}
 
     def host_bytes(self) -> dict[str, int]:
@@ -311,8 +310,7 @@ def _search(
         penalty = sum(bool(v) for v in combo)
         for batch in opts["rollout_batch"]:
             choice = dataclasses.replace(base, rollout_batch=batch)
-            rollout = {p.name: with_slack(p) for p in rollout_phases(job, choice)}
-            budget = _trainer_budget(job, rollout["asleep" if job.rollout_sleeps else "generate"])
+            budget = _trainer_budget(job, beside_compute(rollout_phases(job, choice), job.rollout_sleeps))
             picks = {fld: next((v for v, total in sized[fld] if total <= budget), None) for fld in _MICRO_PHASE}
             if job.critic_v1 and picks["critic_micro"] and picks["critic_fwd_micro"]:
                 # one budget for both critic passes: the smaller fits both
