@@ -3,8 +3,9 @@
 Per trace: the wall span, the GPU's busy time (union of kernel, memcpy and memset intervals) and its idle gaps
 (how many, how long, the longest), kernel time by class (matmul, attention, optimizer, copy, elementwise /
 reduction) and the top kernels by name, the CUDA runtime calls that block the host (synchronize, blocking copies)
-and verl's `record_function` markers. The traces themselves are large (tens of MB a phase); this keeps what a
-reader needs to tell "the GPU is slow" from "the GPU waits for Python".
+and verl's `record_function` markers; with stacks recorded, the Python frames under those blocking calls and the
+frames that launch the GPU's work and end its idle stretches. The traces themselves are large (tens of MB a
+phase); this keeps what a reader needs to tell "the GPU is slow" from "the GPU waits for Python".
 
     python benchmarks/trace_summary.py /tmp/prof --out benchmarks/results/trace_summary.json
 """
@@ -15,6 +16,7 @@ import argparse
 import gzip
 import json
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -67,16 +69,18 @@ def load(path: Path) -> list[dict[str, Any]]:
         return json.load(f).get("traceEvents", [])
 
 
-def blocking_stacks(timed: list[dict[str, Any]], frames: int = 4, top: int = 10) -> list[dict[str, Any]]:
-    """Which Python code makes the host wait: each blocking CUDA runtime call under its innermost Python frames
-    (the profiler's `python_function` events, recorded with `contents=[cuda,stack]`), summed by those frames.
+def _frames_at(
+    timed: list[dict[str, Any]], chosen: Callable[[dict[str, Any]], bool], frames: int
+) -> list[tuple[dict[str, Any], tuple[str, ...]]]:
+    """Each chosen runtime call with the innermost `frames` Python frames open at it (the profiler's
+    `python_function` events, recorded with `contents=[cuda,stack]`), innermost first.
 
     One sweep per thread over the events by start time, keeping the stack of open Python frames (they nest)."""
     per_tid: dict[Any, list[dict[str, Any]]] = defaultdict(list)
     for e in timed:
-        if e.get("cat") == "python_function" or (e.get("cat") == "cuda_runtime" and blocks_host(e["name"])):
+        if e.get("cat") == "python_function" or (e.get("cat") == "cuda_runtime" and chosen(e)):
             per_tid[e.get("tid")].append(e)
-    totals: dict[tuple[str, ...], list[float]] = defaultdict(lambda: [0, 0.0])
+    out = []
     for evs in per_tid.values():
         evs.sort(key=lambda e: (e["ts"], -e["dur"]))  # a parent before the child that starts with it
         stack: list[dict[str, Any]] = []
@@ -85,13 +89,51 @@ def blocking_stacks(timed: list[dict[str, Any]], frames: int = 4, top: int = 10)
                 stack.pop()
             if e.get("cat") == "python_function":
                 stack.append(e)
-                continue
-            key = (e["name"], *(f["name"][:150] for f in stack[-frames:][::-1]))
-            totals[key][0] += 1
-            totals[key][1] += e["dur"]
+            else:
+                out.append((e, tuple(f["name"][:150] for f in stack[-frames:][::-1])))
+    return out
+
+
+def blocking_stacks(timed: list[dict[str, Any]], frames: int = 4, top: int = 10) -> list[dict[str, Any]]:
+    """Which Python code makes the host wait: each blocking CUDA runtime call under its innermost Python frames,
+    summed by those frames."""
+    totals: dict[tuple[str, ...], list[float]] = defaultdict(lambda: [0, 0.0])
+    for e, where in _frames_at(timed, lambda e: blocks_host(e["name"]), frames):
+        key = (e["name"], *where)
+        totals[key][0] += 1
+        totals[key][1] += e["dur"]
     return [
         {"call": k[0], "frames": list(k[1:]), "count": c, "ms": round(t * 1e-3, 1)}
         for k, (c, t) in sorted(totals.items(), key=lambda kv: -kv[1][1])[:top]
+    ]
+
+
+def launch_stacks(timed: list[dict[str, Any]], frames: int = 4, top: int = 15) -> list[dict[str, Any]]:
+    """Which Python code feeds the GPU, and which leaves it waiting: each GPU event is joined to the runtime call
+    that launched it (the profiler's `correlation` id) and counted under that call's innermost Python frames;
+    an idle stretch of at least GAP_US before a GPU event is charged to the frames that launched it, the code
+    the GPU waited for. Sorted by that idle time."""
+    gpu = sorted((e for e in timed if e.get("cat") in GPU_CATS), key=lambda e: e["ts"])
+    idle_before: dict[Any, float] = {}
+    end = None
+    for e in gpu:
+        if end is not None and e["ts"] - end >= GAP_US:
+            idle_before[e.get("args", {}).get("correlation")] = e["ts"] - end
+        end = e["ts"] + e["dur"] if end is None else max(end, e["ts"] + e["dur"])
+    launched: dict[Any, int] = defaultdict(int)
+    for e in gpu:
+        launched[e.get("args", {}).get("correlation")] += 1
+    ids = set(launched) - {None}
+    totals: dict[tuple[str, ...], list[float]] = defaultdict(lambda: [0, 0, 0.0])
+    for call, where in _frames_at(timed, lambda e: e.get("args", {}).get("correlation") in ids, frames):
+        cid = call["args"]["correlation"]
+        row = totals[where]
+        row[0] += launched[cid]
+        row[1] += cid in idle_before
+        row[2] += idle_before.get(cid, 0.0)
+    return [
+        {"frames": list(k), "gpu_events": n, "idle_stretches": g, "idle_ms": round(t * 1e-3, 1)}
+        for k, (n, g, t) in sorted(totals.items(), key=lambda kv: (-kv[1][2], -kv[1][0]))[:top]
     ]
 
 
@@ -153,6 +195,7 @@ def summarise(events: list[dict[str, Any]], top: int = 25) -> dict[str, Any]:
             n: {"count": c, "ms": round(t * ms, 1)} for n, (c, t) in sorted(ops.items(), key=lambda kv: -kv[1][1])[:20]
         },
         "blocking_stacks": blocking_stacks(timed),
+        "launch_stacks": launch_stacks(timed),
         "markers": {
             n: {"count": c, "ms": round(t * ms, 1)}
             for n, (c, t) in sorted(marks.items(), key=lambda kv: -kv[1][1])[:20]

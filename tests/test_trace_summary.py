@@ -78,3 +78,44 @@ def test_blocking_calls_are_summed_under_their_innermost_python_frames():
     }
     assert rows[1]["frames"] == ["loss.py(5): metrics", "trainer.py(10): update"] and rows[1]["count"] == 2
     assert len(rows) == 2
+
+
+def _launch(name, ts, dur, corr):
+    return {**_ev("cuda_runtime", name, ts, dur), "args": {"correlation": corr}}
+
+
+def _kernel(name, ts, dur, corr):
+    return {**_ev("kernel", name, ts, dur), "args": {"correlation": corr}}
+
+
+def test_gpu_work_and_its_idle_stretches_are_charged_to_the_frames_that_launched_them():
+    events = [
+        _ev("python_function", "trainer.py(10): update", 0, 1000),
+        _ev("python_function", "model.py(3): forward", 0, 100),
+        _launch("cudaLaunchKernel", 1, 1, 1),
+        _launch("cudaLaunchKernel", 3, 1, 2),
+        _ev("python_function", "loss.py(5): metrics", 200, 700),
+        _launch("cudaLaunchKernel", 600, 1, 3),  # after 500 us of Python: the GPU waited for this launch
+        _launch("cudaLaunchKernel", 850, 1, 4),  # 30 us after the previous kernel ends: launch latency
+        _kernel("gemm", 10, 50, 1),
+        _kernel("gemm", 60, 40, 2),
+        _kernel("reduce", 610, 10, 3),
+        _kernel("mul", 650, 5, 4),
+        _kernel("orphan", 700, 5, 99),  # no launch in the trace: not charged anywhere
+    ]
+    rows = trace_summary.launch_stacks(events)
+    assert rows[0] == {
+        "frames": ["loss.py(5): metrics", "trainer.py(10): update"],
+        "gpu_events": 2,
+        "idle_stretches": 1,
+        "idle_ms": 0.5,
+    }
+    assert rows[1] == {
+        "frames": ["model.py(3): forward", "trainer.py(10): update"],
+        "gpu_events": 2,
+        "idle_stretches": 0,
+        "idle_ms": 0.0,
+    }
+    assert len(rows) == 2
+    summary = trace_summary.summarise(events)
+    assert summary["launch_stacks"] == rows
