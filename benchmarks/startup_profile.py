@@ -57,6 +57,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--min-s", type=float, default=0.2, help="hide calls shorter than this")
     ap.add_argument("--timeout-s", type=float, default=900)
+    ap.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="a verl override for the default job"
+    )
     ap.add_argument("cmd", nargs=argparse.REMAINDER)
     args = ap.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="startup-"))
@@ -81,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         "4",
         "trainer.logger=[console,file]",
         "trainer.save_freq=-1",
+        *args.set,
     ]
     trace, metrics = work / "trace.jsonl", work / "metrics.jsonl"
     rc, t0, first = run(cmd, trace, metrics, args.timeout_s)

@@ -91,3 +91,70 @@ async def test_replica_server_adapter_round_trip(local_ray, tmp_path, monkeypatc
     await replica.sleep()
     await replica.wake_up()
     await replica.clear_kv_cache()
+
+
+def _job_config(model_dir, **rollout):
+    from omegaconf import OmegaConf
+
+    return OmegaConf.create(
+        {
+            "trainer": {"use_v1": True, "v1": {"trainer_mode": "sync"}, "nnodes": 1, "n_gpus_per_node": 1},
+            "actor_rollout_ref": {
+                "hybrid_engine": True,
+                "model": {"path": str(model_dir), "trust_remote_code": False},
+                "rollout": {"name": "hf", "tensor_model_parallel_size": 1, "max_num_seqs": 1024, **rollout},
+            },
+        }
+    )
+
+
+async def test_prestarted_server_is_adopted(local_ray, tmp_path):
+    """The driver's early server process (prestart_servers) is the one the replica serves from."""
+    from verl.workers.config import HFModelConfig
+    from verl_compat.rollout.prestart import prestart_servers
+    from verl_compat.rollout.replica import HFReplica
+
+    model_dir = make_tiny_model_dir(tmp_path / "model", seed=0)
+    for _ in range(100):  # an earlier test's server of the same name must be gone
+        try:
+            ray.kill(ray.get_actor("hf_server_0_0"))
+        except ValueError:
+            break
+        await asyncio.sleep(0.1)
+    assert prestart_servers(_job_config(model_dir)) == ["hf_server_0_0"]
+    early = ray.get_actor("hf_server_0_0")
+    assert not await early.__ray_call__.remote(lambda server: server.configured)
+
+    replica = HFReplica(
+        replica_rank=0, config=rollout_config(load_format="dummy"), model_config=HFModelConfig(path=str(model_dir)),
+        gpus_per_node=1,
+    )  # fmt: skip
+    await replica.init_hybrid(SimpleNamespace(workers=[_TrainerWorkerStub.remote()]))
+    server = replica.server_handle
+    assert server._actor_id == early._actor_id  # adopted, not a second process
+    assert await server.__ray_call__.remote(lambda s: s.configured)
+    params = {"temperature": 0.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0, "logprobs": True}
+    out = await server.generate.remote(request_id="a", prompt_ids=[5, 17, 42], sampling_params=params)
+    assert out.stop_reason == "completed" and len(out.token_ids) > 0
+    ray.kill(server)
+
+
+def test_prestart_only_where_the_replica_adopts(tmp_path):
+    from verl_compat.rollout.prestart import server_names
+
+    assert server_names(_job_config(tmp_path)) == ["hf_server_0_0"]
+    two = _job_config(tmp_path)
+    two.trainer.n_gpus_per_node = 4
+    two.actor_rollout_ref.rollout.tensor_model_parallel_size = 2
+    assert server_names(two) == ["hf_server_0_0", "hf_server_1_0"]
+    for change in (
+        {"actor_rollout_ref": {"rollout": {"name": "vllm"}}},
+        {"actor_rollout_ref": {"rollout": {"engine_kwargs": {"hf": {"prestart": False}}}}},
+        {"trainer": {"v1": {"trainer_mode": "separate_async"}}},
+        {"trainer": {"use_v1": False}},
+        {"trainer": {"nnodes": 2}},
+        {"actor_rollout_ref": {"hybrid_engine": False}},
+    ):
+        from omegaconf import OmegaConf
+
+        assert server_names(OmegaConf.merge(_job_config(tmp_path), change)) == [], change

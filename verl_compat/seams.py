@@ -103,6 +103,14 @@ def resolve_config(config: Any) -> dict[str, Decision]:
     return decisions
 
 
+def prestart(config: Any) -> None:
+    """Driver seam (main_ppo.run_ppo, after ray.init): start the processes the job will need whose imports can
+    overlap the trainer's start-up (the `hf` rollout servers; verl_compat.rollout.prestart says when)."""
+    from verl_compat.rollout.prestart import prestart_servers
+
+    prestart_servers(config)
+
+
 # Attention ------------------------------------------------------------------------------------------------------
 def attn_impl(default: str, hf_config: Any = None) -> str:
     """attn_implementation where verl hard-codes a default (workers/config/model.py:185, utils/model.py:649/674).

@@ -27,6 +27,11 @@ SERVER_NAME_PREFIX = "hf_"
 DEFAULT_BUCKET_MB = 512
 
 
+def server_name(replica_rank: int, node_rank: int) -> str:
+    """The Ray actor name of a policy rollout replica's server on one node (its replica creates it under it)."""
+    return f"{SERVER_NAME_PREFIX}server_{replica_rank}_{node_rank}"
+
+
 class HFServerAdapter(BaseRollout):
     """Client of one ``HFServer``; the rank arithmetic is vLLM's ServerAdapter's (vllm_rollout.py:65-123)."""
 
@@ -62,7 +67,7 @@ class HFServerAdapter(BaseRollout):
         if self.server_handle is None:
             import ray
 
-            self.server_handle = ray.get_actor(f"{SERVER_NAME_PREFIX}server_{self.replica_rank}_{self.node_rank}")
+            self.server_handle = ray.get_actor(server_name(self.replica_rank, self.node_rank))
         return self.server_handle
 
     async def resume(self, tags: list[str]) -> None:

@@ -14,7 +14,8 @@ from typing import Any
 import ray
 
 from verl.workers.rollout.replica import RolloutReplica
-from verl_compat.rollout.adapter import SERVER_NAME_PREFIX
+from verl_compat.rollout import prestart
+from verl_compat.rollout.adapter import SERVER_NAME_PREFIX, server_name
 from verl_compat.rollout.engine import check_parallel_sizes
 from verl_compat.rollout.server import HFServer
 
@@ -34,7 +35,7 @@ def _uses_accelerator() -> bool:
     return get_device_name() != "cpu"
 
 
-def _server_env_vars() -> dict[str, str]:
+def server_env_vars() -> dict[str, str]:
     """Ray's "don't touch CUDA_VISIBLE_DEVICES" switches plus the platform's rollout env, as for vLLM."""
     if not _uses_accelerator():
         return {}
@@ -73,13 +74,18 @@ class HFReplica(RolloutReplica):
     def _get_server_name_prefix(self) -> str:
         return SERVER_NAME_PREFIX
 
+    @property
+    def is_hybrid_server(self) -> bool:
+        """A policy rollout server (not a reward or teacher model's): the kind prestart_servers starts."""
+        return not (self.is_reward_model or self.is_teacher_model or self.name_suffix)
+
     def _server_name(self, node_rank: int) -> str:
         prefix = self._get_server_name_prefix()
         if self.is_reward_model:
             return f"{prefix}server_reward_{self.replica_rank}_{node_rank}{self.name_suffix}"
         if self.is_teacher_model:
             return f"{prefix}server_teacher_{self.replica_rank}_{node_rank}{self.name_suffix}"
-        return f"{prefix}server_{self.replica_rank}_{node_rank}{self.name_suffix}"
+        return server_name(self.replica_rank, node_rank) + self.name_suffix
 
     async def launch_servers(self) -> None:
         assert len(self.workers) == self.world_size, (
@@ -87,7 +93,8 @@ class HFReplica(RolloutReplica):
         )
         infos = await asyncio.gather(*[w.__ray_call__.remote(_worker_location) for w in self.workers])
         per_node = self.gpus_per_replica_node
-        env_vars = _server_env_vars()
+        env_vars = server_env_vars()
+        configuring = []
         for node_rank in range(self.nnodes):
             node_infos = infos[node_rank * per_node : (node_rank + 1) * per_node]
             accelerators = [acc for _, acc in node_infos if acc is not None]
@@ -101,7 +108,7 @@ class HFReplica(RolloutReplica):
             }
             if env_vars:
                 options["runtime_env"] = {"env_vars": env_vars}
-            server = self.server_class.options(**options).remote(
+            arguments = dict(
                 config=self.config,
                 model_config=self.model_config,
                 rollout_mode=self.rollout_mode,
@@ -112,8 +119,15 @@ class HFReplica(RolloutReplica):
                 nnodes=self.nnodes,
                 cuda_visible_devices=",".join(accelerators) if accelerators else None,
             )
+            # A server the driver started early (rollout/prestart.py) has imported what it needs meanwhile.
+            server = await prestart.adopt(name, node_infos[0][0]) if self.is_hybrid_server else None
+            if server is not None:
+                configuring.append(server.configure.remote(**arguments))
+            else:
+                server = self.server_class.options(**options).remote(**arguments)
             self.servers.append(server)
 
+        await asyncio.gather(*configuring)
         await asyncio.gather(*[server.launch_server.remote() for server in self.servers])
         self._server_handle = self.servers[0]
         # Only a load-balancer key unless Prometheus / rl-insight scrape it (llm_server.py:489-504).

@@ -62,7 +62,14 @@ class HFServer:
     prebuilt engine instead of loading ``model_config``.
     """
 
-    def __init__(
+    def __init__(self, config: Any = None, model_config: Any = None, **kwargs: Any):
+        # Without a config this is a prestarted process (rollout/prestart.py) that HFReplica configures later.
+        self.engine: HFGenerationEngine | None = None
+        self.configured = False
+        if config is not None:
+            self.configure(config, model_config, **kwargs)
+
+    def configure(
         self,
         config: Any,
         model_config: Any,
@@ -74,7 +81,8 @@ class HFServer:
         nnodes: int = 1,
         cuda_visible_devices: str | None = None,
         engine: HFGenerationEngine | None = None,
-    ):
+    ) -> None:
+        """The server's configuration (the constructor's arguments of ``vLLMHttpServer``), before any CUDA work."""
         from verl.utils.config import omega_conf_to_dataclass
         from verl.workers.config import HFModelConfig
 
@@ -112,6 +120,27 @@ class HFServer:
         self._sync_tensors = 0
         # The engine's own time for one step's batch: first request in -> last result out, between sleeps.
         self._span: dict[str, Any] = {}
+        self.configured = True
+
+    def warm(self, model_path: str | None = None, trust_remote_code: bool = False) -> None:
+        """A prestarted server's first call: import what configure and the engine build import, and the model's
+        modeling module, while the trainer starts. Touches no device (CUDA_VISIBLE_DEVICES comes with configure)."""
+        import verl.utils.config  # noqa: F401
+        import verl.workers.config  # noqa: F401
+        import verl.workers.rollout.replica  # noqa: F401
+
+        if model_path:
+            from transformers import AutoConfig
+            from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+            hf_config = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
+            if type(hf_config) in MODEL_FOR_CAUSAL_LM_MAPPING:
+                MODEL_FOR_CAUSAL_LM_MAPPING[type(hf_config)]  # imports the modeling module
+
+    def node_id(self) -> str:
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
 
     # ------------------------------------------------------------------ lifecycle
     async def launch_server(self) -> None:
