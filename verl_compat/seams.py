@@ -105,9 +105,12 @@ def resolve_config(config: Any) -> dict[str, Decision]:
 
 def prestart(config: Any) -> None:
     """Driver seam (main_ppo.run_ppo, after ray.init): start the processes the job will need whose imports can
-    overlap the trainer's start-up (the `hf` rollout servers; verl_compat.rollout.prestart says when)."""
+    overlap the trainer's start-up: TransferQueue's controller and storage (verl_compat.tq_prestart) and the `hf`
+    rollout servers (verl_compat.rollout.prestart says when)."""
+    from verl_compat import tq_prestart
     from verl_compat.rollout.prestart import prestart_servers
 
+    tq_prestart.start(config)
     prestart_servers(config)
 
 

@@ -25,7 +25,7 @@ logger = logging.getLogger("verl_compat.rollout.prestart")
 _PRESTARTED: list[Any] = []
 
 
-def _get(cfg: Any, dotted: str, default: Any = None) -> Any:
+def get_key(cfg: Any, dotted: str, default: Any = None) -> Any:
     for part in dotted.split("."):
         if cfg is None:
             return default
@@ -33,20 +33,27 @@ def _get(cfg: Any, dotted: str, default: Any = None) -> Any:
     return default if cfg is None else cfg
 
 
+def enabled(config: Any) -> bool:
+    """Early start-up at all: verl's v1 trainer with the `hf` engine (verl-compat's own path; vLLM and SGLang jobs
+    start as upstream does), unless ``actor_rollout_ref.rollout.engine_kwargs.hf.prestart=false``."""
+    rollout = get_key(config, "actor_rollout_ref.rollout")
+    if get_key(rollout, "name") != "hf" or get_key(rollout, "engine_kwargs.hf.prestart", True) is False:
+        return False
+    return bool(get_key(config, "trainer.use_v1", False))
+
+
 def server_names(config: Any) -> list[str]:
     """The servers this job's ``HFReplica.launch_servers`` will create, when it is certain to adopt prestarted
     ones; [] otherwise (another engine or trainer mode, several nodes, or turned off)."""
-    rollout = _get(config, "actor_rollout_ref.rollout")
-    if _get(rollout, "name") != "hf" or _get(rollout, "engine_kwargs.hf.prestart", True) is False:
+    rollout = get_key(config, "actor_rollout_ref.rollout")
+    if not enabled(config) or get_key(config, "trainer.v1.trainer_mode") != "sync":
         return []
-    if not _get(config, "trainer.use_v1", False) or _get(config, "trainer.v1.trainer_mode") != "sync":
-        return []
-    if not _get(config, "actor_rollout_ref.hybrid_engine", True) or int(_get(config, "trainer.nnodes", 1)) != 1:
+    if not get_key(config, "actor_rollout_ref.hybrid_engine", True) or int(get_key(config, "trainer.nnodes", 1)) != 1:
         return []
     width = 1
     for key in ("tensor_model_parallel_size", "data_parallel_size", "pipeline_model_parallel_size"):
-        width *= int(_get(rollout, key, 1))
-    replicas = int(_get(config, "trainer.n_gpus_per_node", 1)) // max(1, width)
+        width *= int(get_key(rollout, key, 1))
+    replicas = int(get_key(config, "trainer.n_gpus_per_node", 1)) // max(1, width)
     return [server_name(rank, 0) for rank in range(replicas)]
 
 
@@ -57,7 +64,7 @@ def max_concurrency(config: Any) -> int:
     from verl.workers.rollout.replica import RolloutReplica
 
     replica = SimpleNamespace(
-        config=SimpleNamespace(max_num_seqs=int(_get(config, "actor_rollout_ref.rollout.max_num_seqs")))
+        config=SimpleNamespace(max_num_seqs=int(get_key(config, "actor_rollout_ref.rollout.max_num_seqs")))
     )
     return RolloutReplica.max_concurrency.fget(replica)
 
@@ -85,8 +92,8 @@ def prestart_servers(config: Any) -> list[str]:
     env_vars = server_env_vars()
     if env_vars:
         options["runtime_env"] = {"env_vars": env_vars}
-    model_path = _get(config, "actor_rollout_ref.model.path")
-    trust = bool(_get(config, "actor_rollout_ref.model.trust_remote_code", False))
+    model_path = get_key(config, "actor_rollout_ref.model.path")
+    trust = bool(get_key(config, "actor_rollout_ref.model.trust_remote_code", False))
     server_class = ray.remote(HFServer)
     for name in names:
         handle = server_class.options(name=name, **options).remote()

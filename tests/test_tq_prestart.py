@@ -1,0 +1,103 @@
+"""TransferQueue started from the driver (verl_compat.tq_prestart): the TaskRunner's own tq.init joins it."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import ray
+from omegaconf import OmegaConf
+
+from verl_compat import tq_prestart
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _job_config(**over):
+    base = {
+        "trainer": {"use_v1": True, "v1": {"trainer_mode": "sync"}, "nnodes": 1, "n_gpus_per_node": 1},
+        "actor_rollout_ref": {"rollout": {"name": "hf"}},
+        "transfer_queue": {
+            "enable": False,
+            "metrics": {"enabled": False, "port": 0},
+            "backend": {
+                "storage_backend": "SimpleStorage",
+                "SimpleStorage": {"total_storage_size": 64, "num_data_storage_units": 1},
+            },
+        },
+    }
+    return OmegaConf.merge(OmegaConf.create(base), OmegaConf.create(over))
+
+
+def test_wanted_only_on_verl_compats_path():
+    assert tq_prestart.wanted(_job_config())
+    for change in (
+        {"actor_rollout_ref": {"rollout": {"name": "vllm"}}},
+        {"actor_rollout_ref": {"rollout": {"engine_kwargs": {"hf": {"prestart": False}}}}},
+        {"trainer": {"use_v1": False}},
+        {"transfer_queue": {"backend": {"storage_backend": "MooncakeStore"}}},
+    ):
+        assert not tq_prestart.wanted(_job_config(**change)), change
+
+
+def test_conf_is_what_the_task_runner_passes():
+    config = _job_config()
+    conf = tq_prestart.conf_for(config)
+    assert conf.enable is True and config.transfer_queue.enable is False  # the job's config is not touched
+    assert conf.backend.SimpleStorage.num_data_storage_units == 1
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    pythonpath = os.pathsep.join(p for p in (REPO_ROOT, os.environ.get("PYTHONPATH")) if p)
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"PYTHONPATH": pythonpath, "RAY_AUTH_MODE": "disabled"}},
+    )
+    yield
+    ray.shutdown()
+
+
+@ray.remote(num_cpus=0)
+class _TaskRunner:
+    """Stands in for verl's TaskRunnerV1.run: tq.init with the job's conf, then data through it."""
+
+    def run(self, conf):
+        import torch
+        import transfer_queue as tq
+        from transfer_queue import interface
+
+        tq.init(conf)
+        made_storage = interface._TQ_STORAGE is not None
+        tq.kv_put("row0", partition_id="train", fields={"x": torch.arange(4)})
+        got = tq.kv_batch_get(["row0"], partition_id="train")["x"]
+        tq.close()  # as verl's TaskRunner does at the end of a job
+        return made_storage, [row.tolist() for row in got.unbind()]
+
+
+def test_task_runner_joins_the_prestarted_queue(local_ray):
+    from transfer_queue import interface
+
+    config = _job_config()
+    thread = tq_prestart.start(config)
+    assert thread is not None
+    thread.join(timeout=120)
+    assert not thread.is_alive()
+    assert interface._TQ_STORAGE and interface._TQ_CONTROLLER is not None  # the driver made them
+    made_storage, got = ray.get(_TaskRunner.remote().run.remote(tq_prestart.conf_for(config)), timeout=120)
+    assert made_storage is False  # it connected to the driver's queue instead of starting its own
+    assert got == [[0, 1, 2, 3]]
+    # a second job in this process: the first one's storage units go, a new queue comes up
+    old = list(interface._TQ_STORAGE["SimpleStorage"].values())
+    thread = tq_prestart.start(config)
+    thread.join(timeout=120)
+    assert interface._TQ_STORAGE and list(interface._TQ_STORAGE["SimpleStorage"].values()) != old
+    made_storage, got = ray.get(_TaskRunner.remote().run.remote(tq_prestart.conf_for(config)), timeout=120)
+    assert made_storage is False and got == [[0, 1, 2, 3]]
+    import transfer_queue as tq
+
+    tq.close()
+    tq_prestart._OURS.clear()

@@ -1,0 +1,66 @@
+"""Start TransferQueue (its controller and storage processes) from the driver right after ``ray.init``.
+
+Why: verl's TaskRunner first imports its trainer (about 20 s on the H200's host), then calls ``tq.init``, which
+starts the controller's process, waits for it, then starts the storage units' processes and waits again: 22.8 s
+of the H200 host's 115 s start-up in round I (``benchmarks/results/p40_h200_ppo_head_to_head_round_i.json``,
+``raw.startup_trace``), all before the trainer's workers are created. Started from a driver thread, the same
+processes come up while the TaskRunner imports, and its ``tq.init`` finds the controller by name and only connects
+(TransferQueue's own path for a second process: ``_init_from_existing``).
+
+The driver then owns the storage units (the TaskRunner's ``tq.close`` still removes the controller); they go with
+the driver's process, or with the next job this process prestarts. Where verl-compat's early start-up applies
+(``verl_compat.rollout.prestart.enabled``: the `hf` engine under verl's v1 trainer) and the storage is
+TransferQueue's default SimpleStorage; ``actor_rollout_ref.rollout.engine_kwargs.hf.prestart=false`` turns it off.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from verl_compat.rollout.prestart import enabled, get_key
+
+logger = logging.getLogger("verl_compat.tq_prestart")
+
+_OURS: list[bool] = []  # set once this process has initialised TransferQueue for a job
+
+
+def wanted(config: Any) -> bool:
+    backend = get_key(config, "transfer_queue.backend.storage_backend", "SimpleStorage")
+    return enabled(config) and get_key(config, "transfer_queue") is not None and backend == "SimpleStorage"
+
+
+def conf_for(config: Any) -> Any:
+    """What verl's ``TaskRunnerV1.run`` passes to ``tq.init``: ``config.transfer_queue``, enabled, resolved."""
+    from omegaconf import OmegaConf
+
+    conf = OmegaConf.create(OmegaConf.to_container(config.transfer_queue, resolve=True))
+    conf.enable = True
+    return conf
+
+
+def start(config: Any) -> threading.Thread | None:
+    """Driver, after ``ray.init``: initialise TransferQueue in a background thread; None where not wanted."""
+    if not wanted(config):
+        return None
+    thread = threading.Thread(target=_init, args=(conf_for(config),), name="verl-compat-tq-prestart", daemon=True)
+    thread.start()
+    logger.info("TransferQueue: starting its controller and storage from the driver")
+    return thread
+
+
+def _init(conf: Any) -> None:
+    import transfer_queue as tq
+
+    if _OURS:  # a previous job of this process left its storage units; its TaskRunner removed the controller
+        tq.close()
+        _OURS.clear()
+    try:
+        tq.init(conf)
+        _OURS.append(True)
+    except Exception:
+        # A controller without its stored config would hold the TaskRunner's tq.init waiting: remove what was
+        # made, so that the TaskRunner starts TransferQueue itself (or fails with Ray's error, not a hang).
+        logger.warning("TransferQueue: the driver's early start failed; the TaskRunner starts it", exc_info=True)
+        tq.close()
