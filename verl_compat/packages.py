@@ -17,7 +17,9 @@ import re
 import subprocess
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
+from verl_compat import probe_cache
 from verl_compat.capabilities import CUDA_MIN_CC, NATIVE_BF16_CC, requirement
 from verl_compat.catalog import triton_officially_supported
 from verl_compat.profile import DeviceProfile, PackageStatus
@@ -119,7 +121,7 @@ def _xformers(profile: DeviceProfile, build: TorchBuild, dist: str | None) -> tu
         )
     reasons += _torch_pin_reasons(build, dist, "xformers")
     if not reasons and build.cuda:
-        reasons += _xformers_cpp_ops()
+        reasons += _xformers_cpp_ops(build.version, version)
     return reasons, []
 
 
@@ -200,9 +202,28 @@ def _cuda_major(cuda: str | None) -> int:
     return int(m.group(1)) if m else 0
 
 
+def _binaries(package: str, pattern: str) -> list[Path]:
+    """The package's compiled libraries matching `pattern`, found without importing it."""
+    spec = importlib.util.find_spec(package)
+    where = list(spec.submodule_search_locations or []) if spec else []
+    return [f for d in where for f in Path(d).glob(pattern)]
+
+
 @functools.cache
-def _xformers_cpp_ops() -> list[str]:
-    """Load xformers' C++ ops beside the installed torch in a subprocess: a bad binary cannot crash us."""
+def _xformers_cpp_ops(torch_version: str | None, xformers_version: str | None) -> list[str]:
+    """Load xformers' C++ ops beside the installed torch in a subprocess (a bad binary cannot crash us), once
+    per install: the answer is cached on disk by `probe_cache` (the subprocess imports torch and xformers)."""
+    key = {
+        "python": sys.executable,
+        "torch": torch_version,
+        "xformers": xformers_version,
+        "binaries": probe_cache.file_stamps(_binaries("xformers", "*.so") + _binaries("torch", "lib/libtorch*.so")),
+    }
+    return probe_cache.cached("xformers_cpp_ops", key, _probe_xformers_cpp_ops)
+
+
+def _probe_xformers_cpp_ops() -> tuple[list[str], bool]:
+    """(reasons, whether to keep them): a check that could not run is not an answer about the install."""
     code = (
         "import json, xformers\n"
         "exc = getattr(getattr(xformers, '_cpp_lib', None), '_cpp_library_load_exception', None)\n"
@@ -211,14 +232,14 @@ def _xformers_cpp_ops() -> list[str]:
     try:
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
     except (OSError, subprocess.TimeoutExpired) as e:
-        return [f"could not check xformers' C++ ops: {type(e).__name__}: {e}"]
+        return [f"could not check xformers' C++ ops: {type(e).__name__}: {e}"], False
     if out.returncode != 0:
         tail = (out.stderr.strip().splitlines() or ["(no output)"])[-1]
-        return [f"importing xformers failed: {tail}"]
+        return [f"importing xformers failed: {tail}"], True
     result = json.loads(out.stdout.strip().splitlines()[-1])
     if result.get("has_cpp") is False:
-        return [f"xformers' C++/CUDA ops do not load with this torch: {result.get('exc') or 'unknown error'}"]
-    return []
+        return [f"xformers' C++/CUDA ops do not load with this torch: {result.get('exc') or 'unknown error'}"], True
+    return [], True
 
 
 def probe_package(name: str, profile: DeviceProfile, build: TorchBuild) -> PackageStatus:

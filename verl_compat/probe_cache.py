@@ -1,0 +1,70 @@
+"""Slow package probes kept on disk, keyed by the files they depend on, so a job probes once per install.
+
+Why: the xformers check (`packages._xformers_cpp_ops`) loads xformers' C++ ops beside torch in a fresh
+interpreter, 10-13 s on the H100 machine's host. Every process of a verl job detects its device (the driver, the
+TaskRunner, the trainer worker, the rollout server), so on sm_75 and newer with xformers installed each one paid
+it, one after another on the start-up's critical path (`benchmarks/results/t4_h100_ppo_head_to_head.json`,
+`raw.startup_trace`: `resolve_config`, `_init_tokenizer`, `TrainingWorker.__init__` and `HFServer.configure`
+10-13 s each under `t4`, 2 s or less under `p40`, where the probe does not run).
+
+The key names what the answer depends on (interpreter, versions, the binaries' size and mtime); a changed install
+misses the cache and probes again. ``VERL_COMPAT_CACHE_DIR`` moves the cache; where it cannot be written the probe
+simply runs every time.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger("verl_compat.probe_cache")
+
+CACHE_ENV = "VERL_COMPAT_CACHE_DIR"
+
+
+def cache_dir() -> Path:
+    explicit = os.environ.get(CACHE_ENV, "").strip()
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_CACHE_HOME", "").strip() or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "verl-compat"
+
+
+def file_stamps(paths: list[Path]) -> list[list[Any]]:
+    """[path, size, mtime_ns] per existing file: a reinstalled binary changes at least one of them."""
+    out = []
+    for p in sorted(paths):
+        try:
+            st = p.stat()
+        except OSError:
+            continue
+        out.append([str(p), st.st_size, st.st_mtime_ns])
+    return out
+
+
+def cached(name: str, key: dict[str, Any], probe: Callable[[], tuple[list[str], bool]]) -> list[str]:
+    """`probe()`'s reasons for `key`, from the cache when it holds this key; `probe` returns (reasons, keep) and
+    a result it marks not to keep (a timeout, a failure to start the check) is not written."""
+    path = cache_dir() / f"{name}.json"
+    try:
+        held = json.loads(path.read_text())
+        if held.get("key") == key:
+            return [str(r) for r in held["reasons"]]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        pass
+    reasons, keep = probe()
+    if keep:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{name}-", suffix=".json")
+            with os.fdopen(fd, "w") as f:
+                json.dump({"key": key, "reasons": reasons}, f)
+            os.replace(tmp, path)  # atomic: processes probing at once never read half a file
+        except OSError:
+            logger.debug("could not write the probe cache %s", path, exc_info=True)
+    return reasons
