@@ -124,6 +124,9 @@ async def test_prestarted_server_is_adopted(local_ray, tmp_path):
     assert prestart_servers(_job_config(model_dir)) == ["hf_server_0_0"]
     early = ray.get_actor("hf_server_0_0")
     assert not await early.__ray_call__.remote(lambda server: server.configured)
+    await early.warm.remote()  # returns once the driver's warm-up imports are done
+    warmed = await early.__ray_call__.remote(lambda s: "verl.workers.engine_workers" in __import__("sys").modules)
+    assert warmed  # what configure's arguments import arrives imported
 
     replica = HFReplica(
         replica_rank=0, config=rollout_config(load_format="dummy"), model_config=HFModelConfig(path=str(model_dir)),
