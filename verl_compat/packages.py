@@ -13,6 +13,7 @@ import importlib.metadata as metadata
 import importlib.util
 import json
 import logging
+import os
 import re
 import subprocess
 import sys
@@ -209,6 +210,9 @@ def _binaries(package: str, pattern: str) -> list[Path]:
     return [f for d in where for f in Path(d).glob(pattern)]
 
 
+XFORMERS_PROBE = "xformers_cpp_ops"
+
+
 @functools.cache
 def _xformers_cpp_ops(torch_version: str | None, xformers_version: str | None) -> list[str]:
     """Load xformers' C++ ops beside the installed torch in a subprocess (a bad binary cannot crash us), once
@@ -218,8 +222,13 @@ def _xformers_cpp_ops(torch_version: str | None, xformers_version: str | None) -
         "torch": torch_version,
         "xformers": xformers_version,
         "binaries": probe_cache.file_stamps(_binaries("xformers", "*.so") + _binaries("torch", "lib/libtorch*.so")),
+        "ld_library_path": os.environ.get("LD_LIBRARY_PATH", ""),  # where the ops' own libraries are found
     }
-    return probe_cache.cached("xformers_cpp_ops", key, _probe_xformers_cpp_ops)
+    reasons = probe_cache.cached(XFORMERS_PROBE, key, _probe_xformers_cpp_ops)
+    if reasons:  # say where the answer is kept: a fix outside these files (a driver, a library) needs a re-check
+        where = probe_cache.cache_dir() / f"{XFORMERS_PROBE}.json"
+        reasons = [*reasons, f"checked once per install, kept in {where} (delete it to check again)"]
+    return reasons
 
 
 def _probe_xformers_cpp_ops() -> tuple[list[str], bool]:

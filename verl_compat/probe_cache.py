@@ -7,9 +7,10 @@ it, one after another on the start-up's critical path (`benchmarks/results/t4_h1
 `raw.startup_trace`: `resolve_config`, `_init_tokenizer`, `TrainingWorker.__init__` and `HFServer.configure`
 10-13 s each under `t4`, 2 s or less under `p40`, where the probe does not run).
 
-The key names what the answer depends on (interpreter, versions, the binaries' size and mtime); a changed install
-misses the cache and probes again. ``VERL_COMPAT_CACHE_DIR`` moves the cache; where it cannot be written the probe
-simply runs every time.
+The key names what the answer depends on (interpreter, versions, the binaries' size and mtime, the library path);
+a changed install misses the cache and probes again, and a failed answer names its file, so a fix made elsewhere
+(a driver) is checked again by deleting it. ``VERL_COMPAT_CACHE_DIR`` moves the cache; where it cannot be written
+the probe simply runs every time.
 """
 
 from __future__ import annotations
