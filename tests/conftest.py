@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -36,3 +38,20 @@ def single_rank() -> Iterator[None]:
         yield
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def local_ray() -> Iterator[None]:
+    """A two-CPU local Ray cluster for one test module; its workers import this checkout."""
+    ray = pytest.importorskip("ray")
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    repo_root = str(Path(__file__).resolve().parents[1])
+    pythonpath = os.pathsep.join(p for p in (repo_root, os.environ.get("PYTHONPATH")) if p)
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"PYTHONPATH": pythonpath, "RAY_AUTH_MODE": "disabled"}},
+    )
+    yield
+    ray.shutdown()

@@ -7,14 +7,14 @@ import os
 
 import pytest
 
-from verl_compat import packages, probe_cache
+from verl_compat import packages, paths, probe_cache
 
 
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv(probe_cache.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(paths.HOME_ENV, str(tmp_path / "home"))
     packages._xformers_cpp_ops.cache_clear()
-    yield tmp_path / "cache"
+    yield tmp_path / "home" / "probes"
     packages._xformers_cpp_ops.cache_clear()
 
 
@@ -50,20 +50,24 @@ def test_a_check_that_could_not_run_is_not_kept(cache):
 def test_unwritable_or_corrupt_cache_still_answers(tmp_path, monkeypatch):
     blocker = tmp_path / "file"
     blocker.write_text("")
-    monkeypatch.setenv(probe_cache.CACHE_ENV, str(blocker / "sub"))  # a file where the folder should be
+    monkeypatch.setenv(paths.HOME_ENV, str(blocker / "sub"))  # a file where the folder should be
     probe, calls = _counting([])
     assert probe_cache.cached("thing", {"k": 1}, probe) == [] and len(calls) == 1
-    monkeypatch.setenv(probe_cache.CACHE_ENV, str(tmp_path / "c"))
-    (tmp_path / "c").mkdir()
-    (tmp_path / "c" / "thing.json").write_text("{not json")
+    monkeypatch.setenv(paths.HOME_ENV, str(tmp_path / "c"))
+    (tmp_path / "c" / "probes").mkdir(parents=True)
+    (tmp_path / "c" / "probes" / "thing.json").write_text("{not json")
     assert probe_cache.cached("thing", {"k": 1}, probe) == [] and len(calls) == 2
-    assert json.loads((tmp_path / "c" / "thing.json").read_text())["key"] == {"k": 1}  # repaired
+    assert json.loads((tmp_path / "c" / "probes" / "thing.json").read_text())["key"] == {"k": 1}  # repaired
 
 
-def test_default_location_follows_xdg(monkeypatch, tmp_path):
-    monkeypatch.delenv(probe_cache.CACHE_ENV, raising=False)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    assert probe_cache.cache_dir() == tmp_path / "verl-compat"
+def test_kept_in_verl_compats_home(monkeypatch, tmp_path):
+    """One folder for verl-compat's files (the quickstart's model and data too): VERL_COMPAT_HOME, else
+    ~/.cache/verl-compat."""
+    monkeypatch.setenv(paths.HOME_ENV, str(tmp_path))
+    assert probe_cache.path("thing") == tmp_path / "probes" / "thing.json"
+    monkeypatch.delenv(paths.HOME_ENV)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert probe_cache.path("thing") == tmp_path / ".cache" / "verl-compat" / "probes" / "thing.json"
 
 
 def test_xformers_check_runs_once_across_processes(cache, monkeypatch):

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -12,21 +10,6 @@ import torch
 from test_rollout_server import make_tiny_model_dir, recomputed_logprobs, rollout_config
 
 ray = pytest.importorskip("ray")
-REPO_ROOT = str(Path(__file__).resolve().parents[1])
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    pythonpath = os.pathsep.join(p for p in (REPO_ROOT, os.environ.get("PYTHONPATH")) if p)
-    ray.init(
-        num_cpus=2,
-        include_dashboard=False,
-        log_to_driver=False,
-        runtime_env={"env_vars": {"PYTHONPATH": pythonpath, "RAY_AUTH_MODE": "disabled"}},
-    )
-    yield
-    ray.shutdown()
 
 
 @ray.remote

@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-import os
-
-import pytest
 import ray
 from omegaconf import OmegaConf
 
 from verl_compat import tq_prestart
-
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _job_config(**over):
@@ -45,20 +40,6 @@ def test_conf_is_what_the_task_runner_passes():
     conf = tq_prestart.conf_for(config)
     assert conf.enable is True and config.transfer_queue.enable is False  # the job's config is not touched
     assert conf.backend.SimpleStorage.num_data_storage_units == 1
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    pythonpath = os.pathsep.join(p for p in (REPO_ROOT, os.environ.get("PYTHONPATH")) if p)
-    ray.init(
-        num_cpus=2,
-        include_dashboard=False,
-        log_to_driver=False,
-        runtime_env={"env_vars": {"PYTHONPATH": pythonpath, "RAY_AUTH_MODE": "disabled"}},
-    )
-    yield
-    ray.shutdown()
 
 
 @ray.remote(num_cpus=0)

@@ -226,8 +226,8 @@ def _xformers_cpp_ops(torch_version: str | None, xformers_version: str | None) -
     }
     reasons = probe_cache.cached(XFORMERS_PROBE, key, _probe_xformers_cpp_ops)
     if reasons:  # say where the answer is kept: a fix outside these files (a driver, a library) needs a re-check
-        where = probe_cache.cache_dir() / f"{XFORMERS_PROBE}.json"
-        reasons = [*reasons, f"checked once per install, kept in {where} (delete it to check again)"]
+        kept = probe_cache.path(XFORMERS_PROBE)
+        reasons = [*reasons, f"checked once per install, kept in {kept} (delete it to check again)"]
     return reasons
 
 

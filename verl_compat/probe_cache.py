@@ -9,8 +9,8 @@ it, one after another on the start-up's critical path (`benchmarks/results/t4_h1
 
 The key names what the answer depends on (interpreter, versions, the binaries' size and mtime, the library path);
 a changed install misses the cache and probes again, and a failed answer names its file, so a fix made elsewhere
-(a driver) is checked again by deleting it. ``VERL_COMPAT_CACHE_DIR`` moves the cache; where it cannot be written
-the probe simply runs every time.
+(a driver) is checked again by deleting it. It lives in verl-compat's home (``verl_compat.paths``), under
+``probes/``; where that cannot be written the probe simply runs every time.
 """
 
 from __future__ import annotations
@@ -23,23 +23,20 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from verl_compat import paths
+
 logger = logging.getLogger("verl_compat.probe_cache")
 
-CACHE_ENV = "VERL_COMPAT_CACHE_DIR"
+
+def path(name: str) -> Path:
+    """The file that keeps probe `name`'s answer."""
+    return paths.home() / "probes" / f"{name}.json"
 
 
-def cache_dir() -> Path:
-    explicit = os.environ.get(CACHE_ENV, "").strip()
-    if explicit:
-        return Path(explicit)
-    base = os.environ.get("XDG_CACHE_HOME", "").strip() or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "verl-compat"
-
-
-def file_stamps(paths: list[Path]) -> list[list[Any]]:
+def file_stamps(files: list[Path]) -> list[list[Any]]:
     """[path, size, mtime_ns] per existing file: a reinstalled binary changes at least one of them."""
     out = []
-    for p in sorted(paths):
+    for p in sorted(files):
         try:
             st = p.stat()
         except OSError:
@@ -51,9 +48,9 @@ def file_stamps(paths: list[Path]) -> list[list[Any]]:
 def cached(name: str, key: dict[str, Any], probe: Callable[[], tuple[list[str], bool]]) -> list[str]:
     """`probe()`'s reasons for `key`, from the cache when it holds this key; `probe` returns (reasons, keep) and
     a result it marks not to keep (a timeout, a failure to start the check) is not written."""
-    path = cache_dir() / f"{name}.json"
+    file = path(name)
     try:
-        held = json.loads(path.read_text())
+        held = json.loads(file.read_text())
         if held.get("key") == key:
             return [str(r) for r in held["reasons"]]
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
@@ -61,11 +58,11 @@ def cached(name: str, key: dict[str, Any], probe: Callable[[], tuple[list[str], 
     reasons, keep = probe()
     if keep:
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{name}-", suffix=".json")
+            file.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=file.parent, prefix=f".{name}-", suffix=".json")
             with os.fdopen(fd, "w") as f:
                 json.dump({"key": key, "reasons": reasons}, f)
-            os.replace(tmp, path)  # atomic: processes probing at once never read half a file
+            os.replace(tmp, file)  # atomic: processes probing at once never read half a file
         except OSError:
-            logger.debug("could not write the probe cache %s", path, exc_info=True)
+            logger.debug("could not write the probe cache %s", file, exc_info=True)
     return reasons

@@ -12,11 +12,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from verl_compat import paths
+
 CONFIG_DIR = Path(__file__).resolve().parent / "config"
-
-
-def default_home() -> Path:
-    return Path(os.environ.get("VERL_COMPAT_HOME", Path.home() / ".cache" / "verl-compat"))
 
 
 def prepare(model: str, home: Path, train_size: int, val_size: int) -> tuple[Path, Path, Path]:
@@ -70,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path("checkpoints/quickstart"), help="checkpoint folder")
     ap.add_argument("--dry-run", action="store_true", help="print the trainer command instead of running it")
     args, extra = ap.parse_known_args(argv)
-    home = (args.home or default_home()).expanduser()
+    home = (args.home or paths.home()).expanduser()
     model_dir, train, val = prepare(args.model, home, args.train_size, args.val_size)
     config = args.config or args.algo
     run_name = Path(config).stem
