@@ -21,34 +21,35 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-LAYERS = 24
-# (name, N, K, calls per decode step)
-SHAPES = (
-    ("qkv", 1152, 896, LAYERS),
-    ("o", 896, 896, LAYERS),
-    ("gate_up", 9728, 896, LAYERS),
-    ("down", 896, 4864, LAYERS),
-    ("head", 151936, 896, 1),
-)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ppo_job import QWEN25_05B  # noqa: E402  the one Qwen2.5-0.5B shape of every benchmark
+from rollout_decode import copy_bandwidth  # noqa: E402  the same floor bandwidth as the engine's benchmark
+
 SPLITS = (2, 4, 8)
 
 
-def copy_bandwidth_gbps(device: torch.device, nbytes: int = 1 << 30) -> float:
-    """Read + write bytes per second of a device-to-device copy (the weight-read floor's bandwidth)."""
-    src = torch.empty(nbytes, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    dst.copy_(src)
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(10):
-        dst.copy_(src)
-    torch.cuda.synchronize()
-    return 2 * nbytes * 10 / (time.perf_counter() - t0) / 1e9
+def decode_shapes(config: dict) -> tuple[tuple[str, int, int, int], ...]:
+    """(name, N, K, calls per decode step) of the engine's GEMMs for a Llama-style config."""
+    hidden, inter, layers = config["hidden_size"], config["intermediate_size"], config["num_hidden_layers"]
+    head_dim = hidden // config["num_attention_heads"]
+    qkv = (config["num_attention_heads"] + 2 * config["num_key_value_heads"]) * head_dim
+    return (
+        ("qkv", qkv, hidden, layers),
+        ("o", hidden, hidden, layers),
+        ("gate_up", 2 * inter, hidden, layers),
+        ("down", hidden, inter, layers),
+        ("head", config["vocab_size"], hidden, 1),
+    )
+
+
+SHAPES = decode_shapes(QWEN25_05B)
 
 
 def split_k(x: torch.Tensor, w: torch.Tensor, s: int) -> torch.Tensor:
@@ -152,7 +153,7 @@ def main() -> None:
         raise SystemExit("decode_gemm_shapes.py needs a CUDA GPU")
     torch.backends.cuda.matmul.allow_tf32 = False  # sm<8.0 has no TF32: fp32 GEMMs as a P40 runs them
     device = torch.device("cuda")
-    bandwidth = copy_bandwidth_gbps(device)
+    bandwidth = copy_bandwidth() / 1e9
     rows = [int(r) for r in args.rows.split(",")]
     out = {
         "meta": {
