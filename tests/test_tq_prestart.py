@@ -59,6 +59,37 @@ class _TaskRunner:
         return made_storage, [row.tolist() for row in got.unbind()]
 
 
+def test_storage_units_start_beside_the_controller(local_ray, monkeypatch):
+    """tq.init asks the controller's process for its address before its storage step; here that answer waits until
+    the storage units are up, which only happens when they were started beside the controller."""
+    import time
+
+    import transfer_queue as tq
+    from transfer_queue import interface
+
+    ask_controller = interface.process_zmq_server_info
+    seen = {}
+
+    def controller_address(handle):
+        deadline = time.monotonic() + 60
+        while not (interface._TQ_STORAGE or {}).get("SimpleStorage") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        seen["storage_up_first"] = bool((interface._TQ_STORAGE or {}).get("SimpleStorage"))
+        return ask_controller(handle)
+
+    monkeypatch.setattr(interface, "process_zmq_server_info", controller_address)
+    config = _job_config()
+    thread = tq_prestart.start(config)
+    thread.join(timeout=120)
+    monkeypatch.undo()
+    assert seen == {"storage_up_first": True}
+    assert interface._maybe_create_tq_storage.__name__ == "_maybe_create_tq_storage"  # TransferQueue's own again
+    made_storage, got = ray.get(_TaskRunner.remote().run.remote(tq_prestart.conf_for(config)), timeout=120)
+    assert made_storage is False and got == [[0, 1, 2, 3]]  # the units' addresses reached the stored config
+    tq.close()
+    tq_prestart._OURS.clear()
+
+
 def test_task_runner_joins_the_prestarted_queue(local_ray):
     from transfer_queue import interface
 

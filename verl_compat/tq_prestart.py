@@ -5,7 +5,8 @@ starts the controller's process, waits for it, then starts the storage units' pr
 of the H200 host's 115 s start-up in round I (``benchmarks/results/p40_h200_ppo_head_to_head_round_i.json``,
 ``raw.startup_trace``), all before the trainer's workers are created. Started from a driver thread, the same
 processes come up while the TaskRunner imports, and its ``tq.init`` finds the controller by name and only connects
-(TransferQueue's own path for a second process: ``_init_from_existing``).
+(TransferQueue's own path for a second process: ``_init_from_existing``). The storage units' processes start
+beside the controller's, not after it answers (``_storage_beside_controller``).
 
 The driver then owns the storage units (the TaskRunner's ``tq.close`` still removes the controller); they go with
 the driver's process, or with the next job this process prestarts. Where verl-compat's early start-up applies
@@ -17,6 +18,9 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import Any
 
 from verl_compat.rollout.prestart import enabled, get_key
@@ -57,10 +61,59 @@ def _init(conf: Any) -> None:
         tq.close()
         _OURS.clear()
     try:
-        tq.init(conf)
+        with _storage_beside_controller(conf):
+            tq.init(conf)
         _OURS.append(True)
     except Exception:
         # A controller without its stored config would hold the TaskRunner's tq.init waiting: remove what was
         # made, so that the TaskRunner starts TransferQueue itself (or fails with Ray's error, not a hang).
         logger.warning("TransferQueue: the driver's early start failed; the TaskRunner starts it", exc_info=True)
         tq.close()
+
+
+@contextmanager
+def _storage_beside_controller(conf: Any) -> Iterator[None]:
+    """``tq.init`` starts the storage units' processes only once the controller's process answers, and each process
+    imports torch and TransferQueue first (5-12 s each on the GPU hosts measured, ``raw.startup_trace``), while
+    verl's TaskRunner, done importing, polls for the queue once a second. Start the units beside the controller
+    (they do not need it to start); ``tq.init``'s storage step then takes these units and their addresses. Where
+    TransferQueue has no such step (another release), ``tq.init`` runs as it is."""
+    from importlib import resources
+
+    from omegaconf import OmegaConf
+    from transfer_queue import interface
+
+    create = getattr(interface, "_maybe_create_tq_storage", None)
+    if create is None or interface._TQ_STORAGE is not None:
+        yield
+        return
+    # the config tq.init builds (objects allowed: the units' addresses are objects), for the units alone
+    storage_conf = OmegaConf.merge(
+        OmegaConf.create({}, flags={"allow_objects": True}),
+        OmegaConf.load(resources.files("transfer_queue") / "config.yaml"),
+        conf,
+    )
+    pool = ThreadPoolExecutor(1, thread_name_prefix="verl-compat-tq-storage")
+    made = pool.submit(create, storage_conf)
+    taken: list[bool] = []
+
+    def take(final_conf: Any) -> Any:
+        made.result()  # the units are in interface._TQ_STORAGE, where tq.init's own step puts them
+        backend = final_conf.backend.storage_backend
+        final_conf.backend[backend].zmq_info = storage_conf.backend[backend].zmq_info
+        taken.append(True)
+        return final_conf
+
+    interface._maybe_create_tq_storage = take
+    try:
+        yield
+    finally:
+        interface._maybe_create_tq_storage = create
+        pool.shutdown(wait=True)
+        if not taken and made.exception() is None:
+            # tq.init joined a queue that another process had started: these units are nobody's
+            import ray
+
+            for handle in (interface._TQ_STORAGE or {}).get("SimpleStorage", {}).values():
+                ray.kill(handle)
+            interface._TQ_STORAGE = None
