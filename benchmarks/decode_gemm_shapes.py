@@ -28,6 +28,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from verl_compat.planner.shape import ModelShape
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ppo_job import QWEN25_05B  # noqa: E402  the one Qwen2.5-0.5B shape of every benchmark
 from rollout_decode import copy_bandwidth  # noqa: E402  the same floor bandwidth as the engine's benchmark
@@ -36,16 +38,14 @@ SPLITS = (2, 4, 8)
 
 
 def decode_shapes(config: dict) -> tuple[tuple[str, int, int, int], ...]:
-    """(name, N, K, calls per decode step) of the engine's GEMMs for a Llama-style config."""
-    hidden, inter, layers = config["hidden_size"], config["intermediate_size"], config["num_hidden_layers"]
-    head_dim = hidden // config["num_attention_heads"]
-    qkv = (config["num_attention_heads"] + 2 * config["num_key_value_heads"]) * head_dim
+    """(name, N, K, calls per decode step) of the engine's GEMMs, from the planner's reading of the config."""
+    m = ModelShape.from_config(config)
     return (
-        ("qkv", qkv, hidden, layers),
-        ("o", hidden, hidden, layers),
-        ("gate_up", 2 * inter, hidden, layers),
-        ("down", hidden, inter, layers),
-        ("head", config["vocab_size"], hidden, 1),
+        ("qkv", m.heads * m.head_dim + 2 * m.kv_dim, m.hidden, m.layers),
+        ("o", m.hidden, m.heads * m.head_dim, m.layers),
+        ("gate_up", 2 * m.intermediate, m.hidden, m.layers),
+        ("down", m.hidden, m.intermediate, m.layers),
+        ("head", m.vocab, m.hidden, 1),
     )
 
 
