@@ -315,6 +315,10 @@ def _memory(plan: _Plan) -> None:
     # no config key sets it: a defaulted request with upstream's value (the seams ask the same)
     views = Request("memory.moved_views", memory.MOVED_VIEWS_KEY, "keep", False, "keep")
     plan.add("memory.moved_views", memory.resolve_moved_views(views, p, plan.registry))
+    # the same for when an offloaded AdamW state comes back (verl's FSDP engine's step brings it: optimizer_state)
+    facts = {"engine_step": _get(plan.config, "actor_rollout_ref.actor.strategy") in ("fsdp", "fsdp2")}
+    load = Request("memory.optimizer_load", memory.OPTIMIZER_LOAD_KEY, "at_entry", False, "at_entry", facts)
+    plan.add("memory.optimizer_load", memory.resolve_optimizer_load(load, p, plan.registry))
     # offload, gradient checkpointing, micro-batches and the rollout batch: the memory planner
     planned, writes = memory.resolve_plan(plan.config, p, plan.requested.__contains__, plan.decisions)
     plan.decisions.update(planned)

@@ -335,3 +335,33 @@ def release_moved_views(module: Any) -> None:
     from verl_compat import fsdp_views
 
     fsdp_views.release_moved_views(module)
+
+
+def _optimizer_load(engine: Any) -> str:
+    from verl_compat.optimizer_state import engine_step
+    from verl_compat.resolvers import memory
+
+    key, facts = memory.OPTIMIZER_LOAD_KEY, {"engine_step": engine_step(engine)}
+    return _resolve(memory.resolve_optimizer_load, "memory.optimizer_load", key, "at_entry", "at_entry", facts=facts,
+                    settled=False)  # fmt: skip
+
+
+def optimizer_at_entry(engine: Any, device: str) -> bool:
+    """engine/base.py BaseEngineCtx: does entering train mode bring the offloaded optimizer state back? Upstream's
+    yes (`is_optimizer_offload_enabled`), except where memory.optimizer_load is 'at_step' (below sm_80 on a GPU, for
+    verl's FSDP engine): then its optimizer_step brings it (optimizer_state_for_step). Leaving moves it as upstream."""
+    upstream = bool(engine.is_optimizer_offload_enabled)
+    if not upstream or device == "cpu":
+        return upstream
+    return _optimizer_load(engine) != "at_step"
+
+
+def optimizer_state_for_step(engine: Any) -> None:
+    """fsdp/transformer_impl.py FSDPEngine.optimizer_step: bring the offloaded state to the card for the step, after
+    the last backward, where optimizer_at_entry left it on the host (verl_compat.optimizer_state)."""
+    if not engine.is_optimizer_offload_enabled or _optimizer_load(engine) != "at_step":
+        return
+    from verl.utils.device import get_device_name
+    from verl_compat.optimizer_state import bring_for_step
+
+    bring_for_step(engine, get_device_name())

@@ -5,7 +5,8 @@ worker) and the rollout server in a second process. Within the trainer the phase
 peak is the largest phase: the model of the phase fully on the GPU plus what the other models leave resident
 (parameters unless param_offload; AdamW state unless optimizer_offload; the reference always streams from host
 memory: verl gives a forward-only engine FSDP's CPU offload). Train mode loads the optimizer state for the
-update, so optimizer offload lowers the other phases, not the update itself.
+update, so optimizer offload lowers the other phases, not the update itself; where the state comes back only for
+the optimizer step (memory.optimizer_load 'at_step'), the update needs the larger of the activations and it.
 
 Activation sizes per token (worst case: every sequence at prompt + response length, remove-padding packing):
 - training, per layer: `ModelShape.saved_activation_elems_per_token_layer` elements (8h + 4i + 2kv + 2q; on a
@@ -218,7 +219,9 @@ def trainer_phases(job: JobSpec, c: Choice) -> list[Phase]:
             return {f"{role} {k}": v for k, v in _streamed(shape, compute, m, train).items()}
         parts = {f"{role} weights": params * m, f"{role} fp16/32 unit copies": _cast_copies(shape, compute, m)}
         if train:
-            parts |= {f"{role} grads": params * m, f"{role} optimizer": params * m * ADAM_STATES}
+            parts[f"{role} grads"] = params * m
+            if not state_at_step_bytes(job, f"update_{role}", c):  # else only the step holds it (below)
+                parts[f"{role} optimizer"] = params * m * ADAM_STATES
         return parts
 
     p = Phase("trainer", "old_log_prob", own("actor", a, pa, job.train_bytes, False))
@@ -265,13 +268,37 @@ def trainer_phases(job: JobSpec, c: Choice) -> list[Phase]:
     for ph in phases:
         if held:
             ph.parts["GPU copies of offloaded models kept by FSDP1 views"] = held
-        step = optimizer_step_bytes(job, ph.name)
-        ph.parts[STEP_EXTRA] = max(0, step - ph.parts.get("activations", 0))
+        step, state = optimizer_step_bytes(job, ph.name), state_at_step_bytes(job, ph.name, c)
+        ph.parts[_state_label(ph.name) if state else STEP_EXTRA] = max(0, state + step - ph.parts.get("activations", 0))
         ph.parts = {k: v for k, v in ph.parts.items() if v}
     return phases
 
 
 STEP_EXTRA = "optimizer step's sqrt(exp_avg_sq) beyond the activations"
+STATE_AT_STEP = "optimizer, brought for the step, beyond the activations"  # after the role: "actor optimizer, ..."
+
+
+def _state_label(phase: str) -> str:
+    return f"{phase.removeprefix('update_')} {STATE_AT_STEP}"
+
+
+def state_at_step_part(phase: Phase) -> int:
+    return phase.parts.get(_state_label(phase.name), 0)
+
+
+def state_at_step_bytes(job: JobSpec, phase: str, c: Choice) -> int:
+    """An update's offloaded AdamW state where it comes back only for optimizer.step() (memory.optimizer_load
+    'at_step', verl_compat.optimizer_state): on the card after the activations are freed, so the phase needs
+    max(activations, this + the step's temporaries) instead of their sum. 0 where it comes at train-mode entry."""
+    if not (job.on_gpu and job.optimizer_at_step) or phase not in ("update_actor", "update_critic"):
+        return 0
+    critic = phase == "update_critic"
+    shape = job.critic if critic else job.actor
+    offloaded = c.critic_optim_offload if critic else c.actor_optim_offload
+    if shape is None or not offloaded or job.host_offload[critic]:
+        return 0
+    params = shape.value_params if critic else shape.lm_params
+    return params // job.world * job.master_bytes * ADAM_STATES
 
 
 def optimizer_step_bytes(job: JobSpec, phase: str) -> int:

@@ -67,6 +67,7 @@ class JobSpec:
     use_dynamic_bsz: bool = False
     sync_bucket_bytes: int = 2048 << 20  # rollout.checkpoint_engine.update_weights_bucket_megabytes
     adam_step: tuple[str, str] = ("default", "default")  # (actor, critic): memory.optimizer_step's choices
+    optimizer_at_step: bool = False  # an offloaded AdamW state comes back only for the step (memory.optimizer_load)
     # roles ("actor", "ref", "critic") whose GPU copy outlives a move to the host (verl_compat.fsdp_views)
     stale_views: frozenset[str] = frozenset()
     # the actor's fused head (kernels.fused): "off", "on" (the user's), "free" (the device allows verl's torch

@@ -130,7 +130,10 @@ def plan_decisions(
             fused_head_mode(decisions),
             _value(decisions, "kernels.fused_chunk", UPSTREAM_FUSED_CHUNK),
             bool(_value(decisions, "attention.remove_padding", False)),
-        ).with_(host_memory_bytes=host_facts().memory_bytes)
+        ).with_(
+            host_memory_bytes=host_facts().memory_bytes,
+            optimizer_at_step=_value(decisions, "memory.optimizer_load", "at_entry") == "at_step",
+        )
         if _value(decisions, "platform.device", "cuda") != "cuda":  # the policy pins host memory for a GPU
             job = job.with_(policy_free=(False, False))
     except (OSError, ValueError) as e:  # no model config to read (verl's default path, a typo): nothing planned

@@ -99,3 +99,40 @@ MOVED_VIEWS_OPTIONS = (
 def resolve_moved_views(request: Request, profile: DeviceProfile, registry: Registry | None = None) -> Decision:
     """What happens to FSDP1's stale views after a move to the host; upstream: 'keep'."""
     return choose(request, profile, MOVED_VIEWS_OPTIONS, registry=registry)
+
+
+# verl's optimizer offload brings AdamW's state back when an engine enters train mode (engine/base.py), so it sits
+# on the card through every micro-batch's forward and backward, though only optimizer.step() reads it, after the
+# activations are freed (verl_compat.optimizer_state). No config key: a defaulted request with upstream's value.
+OPTIMIZER_LOAD_KEY = "when verl's optimizer_offload brings AdamW's state back (no config key)"
+
+
+def _at_step_reasons(ctx: Context) -> list[Reason]:
+    reasons: list[Reason] = []
+    if ctx.profile.is_cpu:
+        reasons.append(hard("cpu_no_card", "on a CPU the state never leaves host memory"))
+    if ctx.fact("engine_step") is False:
+        reasons.append(
+            hard(
+                "engine_step", "this engine's optimizer_step does not bring the state (only verl's FSDP engine's does)"
+            )
+        )
+    return reasons
+
+
+OPTIMIZER_LOAD_OPTIONS = (
+    Option(
+        "at_step",
+        _at_step_reasons,
+        "for optimizer.step(), after the update's last backward: the state and the micro-batches' activations are "
+        "never on the card together",
+        priority=10,
+    ),
+    Option("at_entry", why="upstream: when the engine enters train mode, for the whole update", priority=20),
+)
+
+
+def resolve_optimizer_load(request: Request, profile: DeviceProfile, registry: Registry | None = None) -> Decision:
+    """When an offloaded optimizer state comes back to the card; fact: engine_step (does the engine's
+    optimizer_step carry the seam); upstream: 'at_entry'."""
+    return choose(request, profile, OPTIMIZER_LOAD_OPTIONS, registry=registry)
