@@ -136,3 +136,12 @@ def test_an_update_holds_the_larger_of_its_activations_and_the_state(micro):
             assert phase.parts["actor optimizer"] == state
     assert totals[False] - totals[True] == state + max(acts, step) - max(acts, state + step)
     assert totals[True] < totals[False]
+
+
+@pytest.mark.parametrize("changes", [{"mini_batch": 8}, {"epochs": (2, 1)}])
+def test_an_update_that_steps_more_than_once_keeps_the_state_counted(changes):
+    """From the first step on the state stays on the card for the next mini-batches' passes (as upstream)."""
+    choice = E.Choice(4, 4, 4, 4, 4, False, True, False, True, False, False, 32)
+    phases = {p.name: p for p in E.trainer_phases(_p40_job(optimizer_at_step=True, **changes), choice)}
+    assert "actor optimizer" in phases["update_actor"].parts
+    assert "critic optimizer" not in phases["update_critic"].parts  # the critic still steps once

@@ -6,7 +6,8 @@ passes never read the state, yet they run with it on the card: weights, gradient
 parameter and the activations together make an update the trainer's largest phase (a 0.5B model's moments are
 3.7 GiB in fp32). `optimizer.step()` runs after the last backward, when the activations are gone; bringing the
 state there takes those bytes off the update's peak, and the memory plan gives them to larger micro-batches
-(verl_compat.planner.estimate). Leaving train mode moves the state back to the host as upstream does.
+(verl_compat.planner.estimate). Leaving train mode moves the state back to the host as upstream does; an update
+of several mini-batches (or epochs) keeps it on the card from its first step on, as upstream would.
 
 Only verl's FSDP engine's `optimizer_step` carries the seam that brings the state (patch 0020); an engine that
 overrides it (VeOmni, fsdp_turbo, Megatron, ...) keeps upstream's load at entry (`engine_step` below).

@@ -289,10 +289,13 @@ def state_at_step_part(phase: Phase) -> int:
 def state_at_step_bytes(job: JobSpec, phase: str, c: Choice) -> int:
     """An update's offloaded AdamW state where it comes back only for optimizer.step() (memory.optimizer_load
     'at_step', verl_compat.optimizer_state): on the card after the activations are freed, so the phase needs
-    max(activations, this + the step's temporaries) instead of their sum. 0 where it comes at train-mode entry."""
+    max(activations, this + the step's temporaries) instead of their sum. 0 where it comes at train-mode entry, or
+    where the update steps more than once (mini-batches, epochs): it stays on the card from the first step on."""
     if not (job.on_gpu and job.optimizer_at_step) or phase not in ("update_actor", "update_critic"):
         return 0
     critic = phase == "update_critic"
+    if job.optimizer_steps(critic) > 1:
+        return 0
     shape = job.critic if critic else job.actor
     offloaded = c.critic_optim_offload if critic else c.actor_optim_offload
     if shape is None or not offloaded or job.host_offload[critic]:

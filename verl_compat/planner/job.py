@@ -68,6 +68,7 @@ class JobSpec:
     sync_bucket_bytes: int = 2048 << 20  # rollout.checkpoint_engine.update_weights_bucket_megabytes
     adam_step: tuple[str, str] = ("default", "default")  # (actor, critic): memory.optimizer_step's choices
     optimizer_at_step: bool = False  # an offloaded AdamW state comes back only for the step (memory.optimizer_load)
+    epochs: tuple[int, int] = (1, 1)  # (actor, critic) ppo_epochs: passes over each update's mini-batches
     # roles ("actor", "ref", "critic") whose GPU copy outlives a move to the host (verl_compat.fsdp_views)
     stale_views: frozenset[str] = frozenset()
     # the actor's fused head (kernels.fused): "off", "on" (the user's), "free" (the device allows verl's torch
@@ -106,6 +107,11 @@ class JobSpec:
     @property
     def critic_mini_rows(self) -> int:
         return max(1, self.critic_mini_batch * self.n // self.world)
+
+    def optimizer_steps(self, critic: bool) -> int:
+        """AdamW steps in one update of the actor (or critic): epochs x mini-batches."""
+        mini = self.critic_mini_rows if critic else self.mini_rows
+        return self.epochs[critic] * -(-self.rows // mini)
 
     def critic_budget_planned(self, free: frozenset[str]) -> bool:
         """The planner writes the critic's v1 token budget: the user left it, and the critic's rows are planned."""
@@ -196,6 +202,10 @@ class JobSpec:
             n=int(get("actor_rollout_ref.rollout.n", 1)),
             mini_batch=mini,
             critic_mini_batch=int(get("critic.ppo_mini_batch_size", mini)),
+            epochs=(
+                int(get("actor_rollout_ref.actor.ppo_epochs", 1)),
+                int(get("critic.ppo_epochs", get("actor_rollout_ref.actor.ppo_epochs", 1))),
+            ),
             world=max(1, world),
             train_bytes=DTYPE_BYTES.get(str(dtypes.get("train", "fp32")).lower(), 4),
             critic_train_bytes=DTYPE_BYTES.get(str(dtypes.get("train.critic", dtypes.get("train", "fp32"))).lower(), 4),
