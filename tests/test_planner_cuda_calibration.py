@@ -196,3 +196,30 @@ def test_the_host_memory_under_the_offload_policy_covers_the_measured(name):
     assert measured <= need <= 1.05 * measured, (need / 2**30, measured / 2**30)
     before_models = [s["host_used_mib"] - memory["host_base_mib"] for s in memory["samples"] if s["total_mib"] < 100]
     assert before_models and max(before_models) * MIB <= E.HOST_PROCESSES
+
+
+def test_the_host_cost_per_micro_batch_is_the_measured_one():
+    """speed.py's host time per micro-batch and layer: the same T4-policy job on one H100, planned at 2,048 tokens
+    per critic micro-batch (no checkpointing) and at 8,192 (checkpointed). In fp16 there the GPU's share is small,
+    so the values pass's difference per extra micro-batch is the forward's host cost, and the critic update's (less
+    the checkpointed side's recompute, one forward per micro-batch) the training one's."""
+    from verl_compat.planner import speed
+
+    def side(name: str) -> dict:
+        return json.loads((RESULTS / name).read_text())["sides"]["planned"]
+
+    small, large = side("t4_h100_ppo_head_to_head_75b6848.json"), side("t4_h100_ppo_planned_cc6932e.json")
+    critic_forward = "transformers.models.qwen2.modeling_qwen2.Qwen2ForTokenClassification.forward"
+
+    def per_pass(s: dict) -> float:  # the critic's model forwards per step, over its two passes
+        return s["raw"]["call_totals"][critic_forward]["calls"] / s["steps_completed"] / 2
+
+    n_small, n_large = per_pass(small), per_pass(large)
+    assert (n_small, n_large) == (6, 2)
+    layers = ModelShape.from_config(QWEN25["0.5B"]).layers
+    fwd = (small["phases_s"]["values"] - large["phases_s"]["values"]) / (n_small - n_large)
+    train = (small["phases_s"]["update_critic"] - large["phases_s"]["update_critic"] + n_large * fwd) / (
+        n_small - n_large
+    )
+    assert speed.MICRO_BATCH_HOST_S_PER_LAYER["forward"] == pytest.approx(fwd / layers, rel=0.02)
+    assert speed.MICRO_BATCH_HOST_S_PER_LAYER["train"] == pytest.approx(train / layers, rel=0.02)

@@ -53,6 +53,16 @@ TRAIN_EFFICIENCY = ((512, 0.354), (1024, 0.727), (2048, 0.910), (4096, 0.968), (
 FORWARD_EFFICIENCY = ((512, 0.420), (1024, 0.731), (2048, 0.898), (4096, 0.995), (8192, 1.0))
 
 
+# verl's loop adds host time per micro-batch and layer beyond the model's own (FSDP1's hooks, eager launches, the
+# syncs of its metrics), the same on any card: measured on an H100 under the T4 policy, the same job planned at
+# 2,048 and at 8,192 tokens per critic micro-batch (fp16, where the GPU's share is small; benchmarks/results/
+# t4_h100_ppo_head_to_head_75b6848.json against t4_h100_ppo_planned_cc6932e.json, tests/test_planner_cuda_calibration
+# .py derives them): the values pass took 44 ms more per micro-batch, the critic's update 107 ms (with gradient
+# checkpointing its recompute adds one forward's). Without it the ranking preferred 2,048-token micro-batches
+# over checkpointed 4,096/8,192-token ones, which ran 1.22x slower there.
+MICRO_BATCH_HOST_S_PER_LAYER = {"forward": 1.84e-3, "train": 4.44e-3}
+
+
 def rates_for(device_name: str) -> Rates:
     return RATES.get(device_name, GENERIC)
 
@@ -138,4 +148,22 @@ def step_seconds(job: JobSpec, c: Choice, device_name: str) -> dict[str, float]:
         moved += (passes + backwards) * size
         out["host optimizer"] = out.get("host optimizer", 0.0) + 7 * size / (HOST_MEMORY_GBS * 1e9)
     out["offload"] = moved / (r.host_gbs * 1e9)
+    if job.on_gpu:
+        _add_host_per_micro_batch(out, job, c)
     return out
+
+
+def _add_host_per_micro_batch(out: dict[str, float], job: JobSpec, c: Choice) -> None:
+    fwd, train = MICRO_BATCH_HOST_S_PER_LAYER["forward"], MICRO_BATCH_HOST_S_PER_LAYER["train"]
+
+    def cost(phase: str, micro_rows: int, layers: int, per_layer: float) -> None:
+        if phase in out:
+            out[phase] += -(-job.rows // max(1, micro_rows)) * layers * per_layer
+
+    a = job.actor.layers
+    cost("old_log_prob", c.logprob_micro, a, fwd)
+    cost("ref", c.ref_micro, a, fwd)
+    cost("update_actor", c.actor_micro, a, train + (fwd if c.actor_gc else 0))
+    if job.critic:
+        cost("values", c.critic_fwd_micro, job.critic.layers, fwd)
+        cost("update_critic", c.critic_micro, job.critic.layers, train + (fwd if c.critic_gc else 0))
