@@ -223,3 +223,35 @@ def test_the_host_cost_per_micro_batch_is_the_measured_one():
     )
     assert speed.MICRO_BATCH_HOST_S_PER_LAYER["forward"] == pytest.approx(fwd / layers, rel=0.02)
     assert speed.MICRO_BATCH_HOST_S_PER_LAYER["train"] == pytest.approx(train / layers, rel=0.02)
+
+
+def test_the_ranking_orders_the_measured_t4_plans_as_they_ran():
+    """The two T4 plans of that pair (same job, same H100): without the host term the ranking put the one that ran
+    1.22x slower (2,048-token micro-batches, no checkpointing) first; with it, the faster one."""
+    from verl_compat.catalog import get_profile
+    from verl_compat.planner import speed
+
+    shape = ModelShape.from_config(QWEN25["0.5B"])
+    job = JobSpec(
+        actor=shape, critic=shape, need_ref=True, card_bytes=get_profile("t4").total_memory_bytes, device="t4",
+        prompt_len=256, response_len=256, train_batch=32, n=1, mini_batch=32, critic_mini_batch=32,
+        train_bytes=2, critic_train_bytes=2, rollout_bytes=2, rollout_sleeps=True,
+    )  # fmt: skip
+    #                 actor, logprob, ref, critic, critic fwd micro-batch rows; offloads; checkpointing; rollout; head
+    slower = E.Choice(4, 32, 32, 4, 4, False, True, False, True, False, False, 32, True)  # 75b6848: 3.54 s a step
+    faster = E.Choice(8, 32, 32, 16, 16, False, True, False, True, True, True, 32, True)  # cc6932e: 2.91 s
+    for name, s in (
+        ("slower", "t4_h100_ppo_head_to_head_75b6848.json"),
+        ("faster", "t4_h100_ppo_planned_cc6932e.json"),
+    ):
+        ran = json.loads((RESULTS / s).read_text())
+        assert ran["plan"]["value"]["writes"]["critic.model.enable_gradient_checkpointing"] is (name == "faster")
+
+    def ranked(c: E.Choice) -> float:
+        return sum(speed.step_seconds(job, c, "t4").values())
+
+    assert ranked(faster) < ranked(slower)
+    without = dataclasses.replace(job, on_gpu=False)  # the host term applies on GPUs only
+    assert sum(speed.step_seconds(without, faster, "t4").values()) > sum(
+        speed.step_seconds(without, slower, "t4").values()
+    )
