@@ -36,9 +36,10 @@ def state_device(optimizer: Any) -> str | None:
 
 
 def bring_for_step(engine: Any, device: str) -> bool:
-    """Move an offloaded state onto `device` for the step (verl's own mover). True when something moved."""
+    """Move the state onto `device` for the step (verl's own mover; the seam asks only under optimizer offload).
+    True when something moved."""
     optimizer = getattr(engine, "optimizer", None)
-    if optimizer is None or not engine.is_optimizer_offload_enabled:
+    if optimizer is None:
         return False
     where = state_device(optimizer)
     if where is None or where == device:  # no state yet (torch creates it on the device at the first step)

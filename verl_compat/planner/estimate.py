@@ -268,8 +268,8 @@ def trainer_phases(job: JobSpec, c: Choice) -> list[Phase]:
     for ph in phases:
         if held:
             ph.parts["GPU copies of offloaded models kept by FSDP1 views"] = held
-        step, state = optimizer_step_bytes(job, ph.name), state_at_step_bytes(job, ph.name, c)
-        ph.parts[_state_label(ph.name) if state else STEP_EXTRA] = max(0, state + step - ph.parts.get("activations", 0))
+        label = _state_label(ph.name) if state_at_step_bytes(job, ph.name, c) else STEP_EXTRA
+        ph.parts[label] = max(0, step_bytes(job, ph.name, c) - ph.parts.get("activations", 0))
         ph.parts = {k: v for k, v in ph.parts.items() if v}
     return phases
 
@@ -282,8 +282,15 @@ def _state_label(phase: str) -> str:
     return f"{phase.removeprefix('update_')} {STATE_AT_STEP}"
 
 
-def state_at_step_part(phase: Phase) -> int:
-    return phase.parts.get(_state_label(phase.name), 0)
+def step_bytes(job: JobSpec, phase: str, c: Choice) -> int:
+    """What an update holds for its optimizer step once the activations are freed: the step's temporaries, and the
+    offloaded state where it comes back only for the step."""
+    return optimizer_step_bytes(job, phase) + state_at_step_bytes(job, phase, c)
+
+
+def beyond_activations(phase: Phase) -> int:
+    """The part of a phase that step_bytes adds beyond its activations (either label)."""
+    return phase.parts.get(STEP_EXTRA, 0) + phase.parts.get(_state_label(phase.name), 0)
 
 
 def state_at_step_bytes(job: JobSpec, phase: str, c: Choice) -> int:

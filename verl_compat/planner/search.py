@@ -29,16 +29,14 @@ from verl_compat.planner.estimate import (
     HEADROOM,
     HOST_PROCESSES,
     HOST_SLACK,
-    STEP_EXTRA,
     Choice,
     Estimate,
     beside_compute,
+    beyond_activations,
     estimate,
-    optimizer_step_bytes,
     phase_activations,
     rollout_phases,
-    state_at_step_bytes,
-    state_at_step_part,
+    step_bytes,
     sync_staging_bytes,
     trainer_phases,
 )
@@ -304,9 +302,8 @@ def _search(
         sized: dict[str, list[tuple[int, int]]] = {}
         for fld, phase in _MICRO_PHASE.items():
             ph = phases.get(phase)
-            at_step = ph.parts.get(STEP_EXTRA, 0) + state_at_step_part(ph) if ph else 0
-            fixed = ph.total - ph.parts.get("activations", 0) - at_step if ph else 0
-            step = optimizer_step_bytes(job, phase) + state_at_step_bytes(job, phase, base)
+            fixed = ph.total - ph.parts.get("activations", 0) - beyond_activations(ph) if ph else 0
+            step = step_bytes(job, phase, base)
             sized[fld] = [
                 (v, fixed + max(step, phase_activations(job, phase, v, base)) if ph else 0) for v in opts[fld]
             ]
