@@ -17,6 +17,9 @@ within 2x), and memory <= the simulated card throughout.
         --out benchmarks/results/p40_h200_ppo_head_to_head.json
     # one side per device call (each ~5 min), merged into the same --out:
     ... --settings a_seed_recipe ; ... --settings planned
+    # a run longer than one device call, its steps and memory samples so far in FILE every 30 s
+    # (benchmarks/long_run_summary.py reports them by span of steps):
+    ... --settings planned --steps 300 --timeout-s 1800 --progress FILE
     # another model shape: a 1.5B PPO job fits a 24 GB (or 16 GB) card only under FSDP2's CPU offload policy,
     # which the plan turns on itself; the planned side's own verl overrides, if any, go after `--`:
     ... --settings planned --shape qwen2.5-1.5b
@@ -134,6 +137,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path("p40_ppo_head_to_head.json"))
     ap.add_argument("--timeout-s", type=float, default=560, help="per side")
     ap.add_argument("--trace", action="store_true", help="start-up timeline of every process (startup_trace)")
+    ap.add_argument(
+        "--progress", type=Path, default=None, help="the running side's result so far, rewritten every 30 s"
+    )
     ap.add_argument("--shape", choices=sorted(ppo_job.SHAPES), default="qwen2.5-0.5b")
     ap.add_argument("extra", nargs=argparse.REMAINDER, help="after --: verl overrides for the planned side only")
     args = ap.parse_args(argv)
@@ -160,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
             extra=extra if setting == PLANNED else (),
             timeout_s=args.timeout_s,
             trace=args.trace,
+            progress=args.progress,
         )
         report["sides"][setting] = {**side_report(result), "raw": result}
         args.out.write_text(json.dumps(report, indent=1, default=str))  # kept if a later side is cut short

@@ -376,9 +376,13 @@ def run_setting(
     timeout_s: float | None = None,
     gpus: int = 1,
     trace: bool = False,
+    progress: Path | None = None,
 ) -> dict[str, Any]:
     """Run one setting to completion (or ``timeout_s``) and return its metrics; logs stay in ``work_dir``.
-    ``trace``: benchmarks/startup_trace in every process of the job; its timeline comes back as ``startup_trace``."""
+    ``trace``: benchmarks/startup_trace in every process of the job; its timeline comes back as ``startup_trace``,
+    and what the trainer's CUDA allocator did in each engine pass as ``alloc_stats``.
+    ``progress``: the result so far is written there every ``PROGRESS_S`` seconds, so a run longer than the
+    machine that holds it still leaves its steps and memory samples behind."""
     work_dir = Path(work_dir)
     work_dir.mkdir(parents=True, exist_ok=True)
     metrics_path, stats_path = work_dir / "metrics.jsonl", work_dir / "rollout_stats.jsonl"
@@ -392,25 +396,52 @@ def run_setting(
         HF_HUB_OFFLINE="1",
         PYTHONUNBUFFERED="1",
     )
-    trace_path = work_dir / "startup_trace.jsonl"
-    trace_path.unlink(missing_ok=True)
+    trace_path, alloc_path = work_dir / "startup_trace.jsonl", work_dir / "alloc_stats.jsonl"
+    for p in (trace_path, alloc_path):
+        p.unlink(missing_ok=True)
     if trace:
         tracer = str(Path(__file__).resolve().parent / "startup_trace")
         run_env["PYTHONPATH"] = os.pathsep.join(p for p in (tracer, run_env.get("PYTHONPATH", "")) if p)
         run_env["VERL_COMPAT_STARTUP_TRACE"] = str(trace_path)
+        run_env["VERL_COMPAT_ALLOC_STATS"] = str(alloc_path)
     cmd = job_command(setting, assets, steps, list(extra), gpus)
     t0 = time.time()
     step_seen: dict[int, float] = {}
+    run = dict(setting=setting, extra=list(extra), env=run_env, gpus=gpus, t0=t0, work_dir=work_dir, trace=trace)
     with GpuMemorySampler() as sampler, open(work_dir / "job.log", "w") as log:
         proc = subprocess.Popen(cmd, env=run_env, stdout=log, stderr=subprocess.STDOUT, cwd=work_dir)
+        written = t0
         while proc.poll() is None:
             if STOP.is_set() or (timeout_s is not None and time.time() - t0 > timeout_s):
                 proc.kill()
                 break
             for row in _read_jsonl(metrics_path):
                 step_seen.setdefault(int(row.get("step", -1)), time.time())
+            if progress is not None and time.time() - written > PROGRESS_S:
+                written = time.time()
+                _write_atomic(progress, _result(run, None, step_seen, sampler))
             time.sleep(0.5)
         returncode = proc.wait()
+    result = _result(run, returncode, step_seen, sampler)
+    if progress is not None:
+        _write_atomic(progress, result)
+    return result
+
+
+PROGRESS_S = 30.0
+
+
+def _write_atomic(path: Path, result: dict[str, Any]) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(result, default=str))
+    tmp.replace(path)
+
+
+def _result(run: dict[str, Any], returncode: int | None, step_seen: dict[int, float], sampler) -> dict[str, Any]:
+    """The run's record so far (``returncode`` None: still running)."""
+    work_dir, t0, run_env = run["work_dir"], run["t0"], run["env"]
+    metrics_path, stats_path = work_dir / "metrics.jsonl", work_dir / "rollout_stats.jsonl"
+    trace_path, alloc_path = work_dir / "startup_trace.jsonl", work_dir / "alloc_stats.jsonl"
     wall = time.time() - t0
     rows = [r for r in _read_jsonl(metrics_path) if "step" in r and "data" in r]
     for row in rows:
@@ -423,32 +454,36 @@ def run_setting(
     startup = None
     if 1 in step_seen and first_step_time:
         startup = round(step_seen[1] - t0 - first_step_time[0], 1)  # to within the 0.5 s poll of the file
-    pids = {pid for s in sampler.samples for pid in s["per_pid_mib"]}
+    samples = list(sampler.samples)  # the sampler's thread appends while a run is in progress
+    pids = {pid for s in samples for pid in s["per_pid_mib"]}
     return {
-        "setting": setting,
-        "overrides": SETTINGS[setting] + list(extra),
+        "setting": run["setting"],
+        "overrides": SETTINGS[run["setting"]] + run["extra"],
         "device_profile": run_env.get("VERL_COMPAT_DEVICE", "(real)"),
-        "gpus": gpus,
+        "gpus": run["gpus"],
         "returncode": returncode,
         "stopped_by_signal": STOP.is_set(),
         "steps_completed": len(rows),
         "wall_s": round(wall, 1),
         "startup_s": startup,
+        "t0": t0,  # the job's launch (epoch seconds): the memory samples' `t` against `step_seen_s`
+        "step_seen_s": {step: round(t - t0, 1) for step, t in sorted(step_seen.items()) if step >= 0},
         "summary": summary,
         "rollout_stats": rollout,
         "memory": {
-            "peak_total_mib": max((s["total_mib"] for s in sampler.samples), default=None),
-            "peak_per_gpu_mib": _peak_per_gpu(sampler.samples),
+            "peak_total_mib": max((s["total_mib"] for s in samples), default=None),
+            "peak_per_gpu_mib": _peak_per_gpu(samples),
             "host_base_mib": sampler.host_base_mib,
-            "host_peak_above_base_mib": _host_peak_above_base(sampler),
-            "samples": sampler.samples,
+            "host_peak_above_base_mib": _host_peak_above_base(sampler.host_base_mib, samples),
+            "samples": samples,
             "process_names": process_names(pids),
             "errors": sampler.errors[:5],
         },
         "log": str(work_dir / "job.log"),
-        "log_tail": None if returncode == 0 else _tail(work_dir / "job.log"),
-        "startup_trace": startup_timeline(trace_path, t0) if trace else None,
-        "call_totals": call_totals(trace_path) if trace else None,
+        "log_tail": None if returncode in (0, None) else _tail(work_dir / "job.log"),
+        "startup_trace": startup_timeline(trace_path, t0) if run["trace"] else None,
+        "call_totals": call_totals(trace_path) if run["trace"] else None,
+        "alloc_stats": alloc_totals(alloc_path) if run["trace"] else None,
     }
 
 
@@ -471,6 +506,22 @@ def call_totals(trace_path: Path) -> dict[str, dict[str, float]]:
     return dict(sorted(totals.items(), key=lambda kv: -kv[1]["total_s"]))
 
 
+def alloc_totals(alloc_path: Path) -> dict[str, dict[str, float]]:
+    """Per engine pass of the trainer (actor.train, actor.step, ref.forward, ...): calls, seconds, and what the CUDA
+    caching allocator did during them in all (the tracer's VERL_COMPAT_ALLOC_STATS lines), plus the largest
+    reserved bytes seen after one."""
+    totals: dict[str, dict[str, float]] = {}
+    for r in _read_jsonl(alloc_path):
+        t = totals.setdefault(r["pass"], {"calls": 0, "total_s": 0.0, "max_reserved_after_gib": 0.0})
+        t["calls"] += 1
+        t["total_s"] = round(t["total_s"] + r["t1"] - r["t0"], 4)
+        t["max_reserved_after_gib"] = max(t["max_reserved_after_gib"], round(r["reserved_after"] / 2**30, 3))
+        for key, value in r.items():
+            if key.startswith("num_"):
+                t[key] = t.get(key, 0) + value
+    return totals
+
+
 def startup_timeline(trace_path: Path, t0: float, min_s: float = 0.2) -> list[dict[str, Any]]:
     """The tracer's calls of at least ``min_s``, in start order, in seconds from the job's launch (``t0``);
     ``proc`` numbers the processes in the order they first appear. startup_profile.py prints the same."""
@@ -490,11 +541,11 @@ def startup_timeline(trace_path: Path, t0: float, min_s: float = 0.2) -> list[di
     ]
 
 
-def _host_peak_above_base(sampler: GpuMemorySampler) -> int | None:
-    used = [s["host_used_mib"] for s in sampler.samples if s.get("host_used_mib") is not None]
-    if not used or sampler.host_base_mib is None:
+def _host_peak_above_base(base_mib: int | None, samples: list[dict[str, Any]]) -> int | None:
+    used = [s["host_used_mib"] for s in samples if s.get("host_used_mib") is not None]
+    if not used or base_mib is None:
         return None
-    return max(used) - sampler.host_base_mib
+    return max(used) - base_mib
 
 
 def _peak_per_gpu(samples: list[dict[str, Any]]) -> dict[int, int]:

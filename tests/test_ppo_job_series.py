@@ -87,3 +87,35 @@ def test_the_planned_floor_needs_only_the_planned_side_and_the_ratio_both():
     both = planned_figures({"planned": planned, "a_seed_recipe": seed}, 500_000_000, 50.0)
     assert both["tokens_per_s_ratio"] == planned["tokens_per_s"] / 100.0
     assert planned_figures({"planned": {**planned, "step_s": None}}, 1, 1.0) == {}
+
+
+def test_a_running_job_leaves_its_progress_behind_before_it_ends(tmp_path, monkeypatch):
+    """A run longer than the machine that holds it: the record so far (steps, memory samples) is on disk while the
+    job still runs, marked unfinished (returncode None), and the final record replaces it."""
+    import threading
+
+    import benchmarks.ppo_job as ppo_job
+
+    def slow_job(setting, assets, steps, extra, gpus):
+        row = {"step": 1, "data": {"timing_s/step": 2.0}}
+        code = (
+            "import json, os, time; "
+            f"open(os.environ['VERL_FILE_LOGGER_PATH'], 'w').write(json.dumps({row!r}) + '\\n'); time.sleep(60)"
+        )
+        return [sys.executable, "-c", code]
+
+    monkeypatch.setattr(ppo_job, "job_command", slow_job)
+    monkeypatch.setattr(ppo_job, "STOP", threading.Event())
+    monkeypatch.setattr(ppo_job, "PROGRESS_S", 0.5)
+    progress, seen = tmp_path / "progress.json", {}
+
+    def look_then_stop():
+        seen.update(json.loads(progress.read_text()))
+        ppo_job.STOP.set()
+
+    threading.Timer(4.0, look_then_stop).start()
+    result = ppo_job.run_setting("a_seed_recipe", None, 1, tmp_path / "job", progress=progress)
+    assert seen["returncode"] is None and seen["steps_completed"] == 1 and 1 in map(int, seen["step_seen_s"])
+    assert "samples" in seen["memory"] and seen["t0"] == result["t0"]
+    final = json.loads(progress.read_text())
+    assert final["returncode"] == result["returncode"] is not None and final["stopped_by_signal"]

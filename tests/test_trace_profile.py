@@ -63,3 +63,41 @@ def test_the_second_call_of_each_pass_is_profiled(tmp_path):
     first = passes["actor.train"]
     tracer._call(NAME, _pass, (FSDPEngineWithLMHead(), x, None), {})  # a third update: not profiled again
     assert json.loads(out.read_text())["passes"]["actor.train"] == first
+
+
+def test_allocator_stats_are_recorded_per_engine_pass_and_summed_by_the_benchmark(tmp_path):
+    """VERL_COMPAT_ALLOC_STATS: what the caching allocator did during each pass and optimizer step (a retry frees
+    every cached block after a device sync), one line per call, summed per pass by ppo_job.alloc_totals."""
+    import sys
+
+    sys.path.insert(0, str(TRACER.parents[2]))
+    from benchmarks.ppo_job import alloc_totals
+
+    tracer, out = _tracer(), tmp_path / "alloc.jsonl"
+    tracer._ALLOC = str(out)
+    counters = {"num_alloc_retries": 0, "num_device_alloc": 0, "reserved_bytes.all.current": 0}
+
+    def stats():
+        return dict(counters)
+
+    def update(engine, data, loss_function, forward_only=False):  # an update that had to free and retry twice
+        counters["num_alloc_retries"] += 2
+        counters["num_device_alloc"] += 5
+        counters["reserved_bytes.all.current"] = 3 * 2**30
+        return data.sum()
+
+    tracer._STATS = stats
+    x = torch.ones(4)
+    tracer._call(NAME, update, (FSDPEngineWithValueHead(), x, None), {})  # critic update
+    tracer._call(NAME, update, (FSDPEngineWithValueHead(), x, None), {})
+    step = "verl.workers.engine.fsdp.transformer_impl.FSDPEngine.optimizer_step"
+    tracer._call(step, lambda engine: 1.0, (FSDPEngineWithLMHead(),), {})  # actor step: nothing happened
+    tracer._call("some.other.function", update, (FSDPEngineWithLMHead(), x, None), {})  # not recorded
+    totals = alloc_totals(out)
+    assert set(totals) == {"critic.train", "actor.step"}
+    assert totals["critic.train"]["calls"] == 2 and totals["critic.train"]["num_alloc_retries"] == 4
+    assert totals["critic.train"]["num_device_alloc"] == 10 and totals["critic.train"]["max_reserved_after_gib"] == 3
+    assert totals["actor.step"]["num_alloc_retries"] == 0
+    tracer._STATS = lambda: None  # no CUDA in this process: nothing written
+    tracer._call(NAME, update, (FSDPEngineWithValueHead(), x, None), {})
+    assert alloc_totals(out)["critic.train"]["calls"] == 2

@@ -4,7 +4,8 @@ line per call of the functions in WATCH (start, end, pid, process) as their modu
 verl is edited; without the variable this file does nothing. The steady-state entries (engine forward/backward,
 log-probs, entropy, the model's forward) are per micro-batch; with VERL_COMPAT_TRACE_SYNC=1 each call waits for
 the GPU before and after, so their durations are the GPU's time (and the step is a little slower). Two more
-diagnostics of the trainer: VERL_COMPAT_MEMORY_SNAPSHOT and VERL_COMPAT_TORCH_PROFILE (below)."""
+diagnostics of the trainer: VERL_COMPAT_MEMORY_SNAPSHOT, VERL_COMPAT_TORCH_PROFILE and VERL_COMPAT_ALLOC_STATS
+(below)."""
 
 import importlib.abc
 import importlib.util
@@ -211,12 +212,52 @@ def _summary(prof, wall):
     }
 
 
+# VERL_COMPAT_ALLOC_STATS=FILE: around every engine pass and optimizer step of the trainer, one JSON line with what
+# torch's caching allocator did meanwhile: retries (an allocation that failed, so every cached block was freed and
+# it was tried again), blocks taken from and given back to the driver, and the reserved bytes after. A trainer held
+# at its simulated card's cap pays for these with device syncs; this shows whether it does, per pass.
+_ALLOC = os.environ.get("VERL_COMPAT_ALLOC_STATS")
+ALLOC_COUNTERS = ("num_alloc_retries", "num_device_alloc", "num_device_free", "num_sync_all_streams", "num_ooms")
+
+
+def _allocator_stats():
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return None
+    return torch.cuda.memory_stats()
+
+
+_STATS = _allocator_stats  # a test puts its own source here
+
+
+def _step_label(name, a):
+    if not name.endswith("FSDPEngine.optimizer_step") or not a:
+        return None
+    return ("critic" if "ValueHead" in type(a[0]).__name__ else "actor") + ".step"
+
+
+def _with_alloc_stats(label, fn, a, k):
+    before, t0 = _STATS(), time.time()
+    try:
+        return fn(*a, **k)
+    finally:
+        after = _STATS()
+        if before is not None and after is not None:
+            rec = {"pid": os.getpid(), "pass": label, "t0": t0, "t1": time.time()}
+            rec.update({c: after.get(c, 0) - before.get(c, 0) for c in ALLOC_COUNTERS})
+            rec["reserved_after"] = after.get("reserved_bytes.all.current", 0)
+            with open(_ALLOC, "a") as f:
+                f.write(json.dumps(rec) + "\n")
+
+
 def _call(name, fn, a, k):
-    label = _pass_label(name, a, k) if _PROFILE else None
-    if label is not None:
+    label = _pass_label(name, a, k) if (_PROFILE or _ALLOC) else None
+    if label is not None and _PROFILE:
         _PASSES[label] = _PASSES.get(label, 0) + 1
         if _PASSES[label] == 2:
             return _profiled(label, fn, a, k)
+    if _ALLOC and (label or _step_label(name, a)):
+        return _with_alloc_stats(label or _step_label(name, a), fn, a, k)
     return fn(*a, **k)
 
 
