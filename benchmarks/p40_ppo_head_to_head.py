@@ -104,6 +104,10 @@ def side_report(result: dict[str, Any]) -> dict[str, Any]:
         "tokens_per_s": (tokens / step) if step and tokens else None,
         "phases_s": phases,
         "startup_s": result["startup_s"],
+        # step 1 carries what starts lazily (verl's agent-loop workers, first-call costs): the start-up figure
+        # above stops where step 1 begins, so a user's wait for the first step is this one
+        "first_step_s": (result["summary"].get("timing_s/step", {}).get("per_step") or [None])[0],
+        "to_first_step_end_s": {str(k): v for k, v in (result.get("step_seen_s") or {}).items()}.get("1"),
         "peak_card_mib": result["memory"]["peak_total_mib"],
         "host_peak_above_base_mib": result["memory"].get("host_peak_above_base_mib"),
         "oom": "OutOfMemoryError" in Path(result["log"]).read_text(errors="replace") if result["log"] else None,
@@ -187,7 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, side in sides.items():
         print(
             f"{name:14} rc {side['returncode']} steps {side['steps_completed']} tokens/s {side['tokens_per_s']} "
-            f"step {side['step_s']} s startup {side['startup_s']} s peak {side['peak_card_mib']} MiB "
+            f"step {side['step_s']} s startup {side['startup_s']} s step 1 {side['first_step_s']} s "
+            f"(ends at {side['to_first_step_end_s']} s) peak {side['peak_card_mib']} MiB "
             f"(card {card_mib:.0f}) host +{side.get('host_peak_above_base_mib')} MiB oom {side['oom']}"
         )
         print(f"{'':14} phases {side['phases_s']}")
