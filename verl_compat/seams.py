@@ -106,23 +106,22 @@ def resolve_config(config: Any) -> dict[str, Decision]:
 def prestart(config: Any) -> None:
     """Driver seam (main_ppo.run_ppo, after ray.init): start the processes the job will need whose imports can
     overlap the trainer's start-up: TransferQueue's controller and storage (verl_compat.tq_prestart), the `hf`
-    rollout servers (verl_compat.rollout.prestart says when) and the agent-loop workers
-    (verl_compat.rollout.agent_prestart)."""
-    from verl_compat import tq_prestart
-    from verl_compat.rollout import agent_prestart
+    rollout servers (verl_compat.rollout.prestart says when) and the agent- and reward-loop workers
+    (verl_compat.helper_prestart)."""
+    from verl_compat import helper_prestart, tq_prestart
     from verl_compat.rollout.prestart import prestart_servers
 
     tq_prestart.start(config)
     prestart_servers(config)
-    agent_prestart.start(config)
+    helper_prestart.start(config)
 
 
-def agent_loop_worker_class(cls: Any, index: int) -> Any:
-    """Agent-loop manager seam (agent_loop.py, _init_agent_loop_workers): what creates worker ``index``: the
-    driver's prestarted process where one waits for this class, else ``cls`` (upstream)."""
-    from verl_compat.rollout.agent_prestart import worker_class
+def helper_worker_class(kind: str, cls: Any, index: int) -> Any:
+    """Agent- and reward-loop managers' seam (agent_loop.py and reward_loop.py, where they create worker ``index``;
+    kind "agent" or "reward"): the driver's prestarted process where one waits for this class, else ``cls``."""
+    from verl_compat.helper_prestart import worker_class
 
-    return worker_class(cls, index)
+    return worker_class(kind, cls, index)
 
 
 # Attention ------------------------------------------------------------------------------------------------------

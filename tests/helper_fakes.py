@@ -1,4 +1,4 @@
-"""Ray actor classes that stand in for verl's agent-loop worker in tests/test_agent_prestart.py; a module of their
+"""Ray actor classes that stand in for verl's agent-loop worker in tests/test_helper_prestart.py; a module of their
 own because the prestarted processes import the worker class by its path (this checkout is on their PYTHONPATH)."""
 
 from __future__ import annotations

@@ -1,0 +1,211 @@
+"""Start verl's agent-loop and reward-loop worker processes from the driver right after ``ray.init``; verl's managers
+adopt them where they would create their workers.
+
+Why: verl's v1 TaskRunner creates the reward-loop manager at the end of the trainer's set-up and the agent-loop
+manager after it, and each manager starts fresh processes (``reward.num_workers``; ``rollout.agent.num_workers``,
+8) that import torch, transformers and verl before they answer. Step 1 waits for them, where the start-up figure
+(time before step 1) does not show it: on the H100 host at 32d9ca7 step 1 took 33.1 s against 5.2-5.6 s for later
+steps; the reward-loop worker imported from 78.6 s to 94 s and the eight agent-loop workers from 82.5 s to 100 s,
+and the first prefill came at 101.2 s (``benchmarks/results/p40_h100_ppo_head_to_head_32d9ca7.json``,
+``raw.startup_trace``). Started from the driver, the same imports overlap the trainer's start-up.
+
+A prestarted process is a host (:class:`AgentWorkerHost`, :class:`RewardWorkerHost`): it imports the worker's
+module (``warm``), and builds the real worker, verl's own class with verl's own arguments, where the manager would
+have created it (``configure``); the manager's calls are passed through. Only where the adoption is certain (the
+rollout servers' prestart conditions: `hf` engine, v1 synchronous trainer, one node), only for verl's default
+worker classes (any other class is created as upstream does, and the early processes are removed), and not for a
+reward model's workers. Same switch as the other early starts:
+``actor_rollout_ref.rollout.engine_kwargs.hf.prestart=false``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from verl_compat.rollout.prestart import get_key, server_names
+
+logger = logging.getLogger("verl_compat.helper_prestart")
+
+
+class _Host:
+    """A Ray actor (async: verl's workers' methods are coroutines) that becomes one worker of ``KINDS``."""
+
+    def __init__(self) -> None:
+        self.worker: Any = None
+        self.error: BaseException | None = None
+        self._configured = asyncio.Event()  # Ray runs an async actor's __init__ on its event loop
+
+    def warm(self, worker: str) -> None:
+        """The driver's first call: import the worker's module. Never raises: a failure here comes back from
+        ``configure``, where the manager sees it."""
+        try:
+            importlib.import_module(worker.partition(":")[0])
+        except Exception:  # noqa: BLE001 - the construction imports it again and reports
+            logger.debug("%s not imported early", worker, exc_info=True)
+
+    def configure(self, worker: str, args: tuple, kwargs: dict) -> None:
+        """Build verl's worker in this process, as Ray would have built the actor (same thread, loop running)."""
+        try:
+            self.worker = plain_class(resolve(worker))(*args, **kwargs)
+        except BaseException as exc:  # raised again by every call, as by an actor whose constructor failed
+            self.error = exc
+            raise
+        finally:
+            self._configured.set()
+
+    async def _ready(self) -> Any:
+        await self._configured.wait()
+        if self.error is not None:
+            raise RuntimeError(f"the {type(self).__name__} worker could not be built: {self.error!r}") from self.error
+        return self.worker
+
+
+# Each host answers its worker class's public methods (tests/test_helper_prestart.py checks the lists are complete).
+class AgentWorkerHost(_Host):
+    async def generate_sequences(self, *args: Any, **kwargs: Any) -> Any:
+        return await (await self._ready()).generate_sequences(*args, **kwargs)
+
+
+class RewardWorkerHost(_Host):
+    async def compute_score(self, *args: Any, **kwargs: Any) -> Any:
+        return await (await self._ready()).compute_score(*args, **kwargs)
+
+    async def compute_score_batch(self, *args: Any, **kwargs: Any) -> Any:
+        return await (await self._ready()).compute_score_batch(*args, **kwargs)
+
+    async def compute_score_disrm(self, *args: Any, **kwargs: Any) -> Any:
+        return await (await self._ready()).compute_score_disrm(*args, **kwargs)
+
+
+@dataclass(frozen=True)
+class Kind:
+    worker: str  # verl's worker class the manager creates, "module:attribute"
+    name: str  # the prestarted processes' Ray names
+    host: type[_Host]
+
+
+KINDS = {
+    # verl's v1 TaskRunner's agent-loop manager (AgentLoopManagerTQ) creates this class
+    "agent": Kind(
+        "verl.trainer.ppo.v1.agent_loop_tq:AgentLoopWorkerTQ", "verl_compat_agent_loop_worker_{}", AgentWorkerHost
+    ),
+    "reward": Kind(
+        "verl.experimental.reward_loop.reward_loop:RewardLoopWorker",
+        "verl_compat_reward_loop_worker_{}",
+        RewardWorkerHost,
+    ),
+}
+
+# The driver keeps the handles, by name: Ray collects a named actor that no handle refers to.
+_PRESTARTED: dict[str, Any] = {}
+
+
+def resolve(path: str) -> Any:
+    module, _, attribute = path.partition(":")
+    return getattr(importlib.import_module(module), attribute)
+
+
+def plain_class(cls: Any) -> Any:
+    """The class under a Ray actor class (``ray.remote(C)`` makes a new wrapper on every call)."""
+    return getattr(cls, "__ray_actor_class__", cls)
+
+
+def count(kind: str, config: Any) -> int:
+    """How many workers of ``kind`` to start early: the manager's own count where the adoption is certain (the
+    servers' prestart conditions, verl's default manager, no reward model), else 0."""
+    if not server_names(config):
+        return 0
+    if kind == "agent":
+        if get_key(config, "actor_rollout_ref.rollout.agent.agent_loop_manager_class"):
+            return 0
+        workers = get_key(config, "actor_rollout_ref.rollout.agent.num_workers", 0)
+    else:
+        if get_key(config, "reward.reward_model.enable", False):
+            return 0
+        # verl's migrate_legacy_reward_impl copies reward_model.num_workers over reward.num_workers when set
+        workers = get_key(config, "reward_model.num_workers") or get_key(config, "reward.num_workers", 0)
+    return max(0, int(workers or 0))
+
+
+def start(config: Any, kinds: dict[str, Kind] | None = None) -> list[str]:
+    """Driver, after ``ray.init``: create the hosts and let them import; returns their names."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    kinds = KINDS if kinds is None else kinds
+    nodes = [node for node in ray.nodes() if node.get("Alive") and node.get("Resources", {}).get("CPU", 0) > 0]
+    if len(nodes) != 1:
+        return []
+    # The managers' own placement on one node: soft affinity to it (agent_loop.py and reward_loop.py).
+    strategy = NodeAffinitySchedulingStrategy(node_id=nodes[0]["NodeID"], soft=True)
+    names = []
+    for key, kind in kinds.items():
+        host_class = ray.remote(kind.host)
+        for i in range(count(key, config)):
+            name = kind.name.format(i)
+            _kill(name)  # a previous job of this driver left it
+            handle = host_class.options(name=name, scheduling_strategy=strategy).remote()
+            handle.warm.remote(kind.worker)
+            _PRESTARTED[name] = handle
+            names.append(name)
+    if names:
+        logger.info("started %d agent-/reward-loop worker process(es) early", len(names))
+    return names
+
+
+def worker_class(kind: str, cls: Any, index: int, kinds: dict[str, Kind] | None = None) -> Any:
+    """The managers' seam: what ``cls.options(...).remote(*args)`` should go through for worker ``index`` of
+    ``kind``: the prestarted host's adopter where one runs and ``cls`` is the class it was started for; else
+    ``cls`` itself (upstream's creation), removing a prestarted host that will not be used."""
+    import ray
+
+    spec = (KINDS if kinds is None else kinds)[kind]
+    name = spec.name.format(index)
+    try:
+        handle = ray.get_actor(name)
+    except ValueError:
+        return cls
+    if plain_class(cls) is not plain_class(resolve(spec.worker)):
+        _kill(name)
+        logger.info("%s is not %s: its early process %s is removed", cls, spec.worker, name)
+        return cls
+    return _Adopter(handle, spec.worker)
+
+
+class _Adopter:
+    """Stands in for ``cls.options(...)``: ``.remote(*args)`` hands the host verl's constructor arguments and returns
+    the host's handle. The options' name and placement are the manager's per-creation ones; the host was placed by
+    the same rule when it started."""
+
+    def __init__(self, handle: Any, worker: str):
+        self.handle, self.worker = handle, worker
+
+    def options(self, **_: Any) -> _Adopter:
+        return self
+
+    def remote(self, *args: Any, **kwargs: Any) -> Any:
+        self.handle.configure.remote(self.worker, args, kwargs)  # its outcome is awaited by every later call
+        return self.handle
+
+
+def _kill(name: str) -> None:
+    """Remove the host named ``name``, if any, and wait until Ray has freed the name (a new one may take it)."""
+    import ray
+
+    _PRESTARTED.pop(name, None)
+    try:
+        ray.kill(ray.get_actor(name))
+    except ValueError:
+        return
+    for _ in range(100):
+        try:
+            ray.get_actor(name)
+        except ValueError:
+            return
+        time.sleep(0.1)
+    raise RuntimeError(f"the early worker process {name} did not go away within 10 s")
