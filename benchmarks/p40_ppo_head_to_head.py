@@ -104,10 +104,10 @@ def side_report(result: dict[str, Any]) -> dict[str, Any]:
         "tokens_per_s": (tokens / step) if step and tokens else None,
         "phases_s": phases,
         "startup_s": result["startup_s"],
-        # step 1 carries what starts lazily (verl's agent-loop workers, first-call costs): the start-up figure
+        # step 1 carries what starts lazily (first-call costs, any process not yet up): the start-up figure
         # above stops where step 1 begins, so a user's wait for the first step is this one
-        "first_step_s": (result["summary"].get("timing_s/step", {}).get("per_step") or [None])[0],
-        "to_first_step_end_s": {str(k): v for k, v in (result.get("step_seen_s") or {}).items()}.get("1"),
+        "first_step_s": (result["summary"]["timing_s/step"]["per_step"] or [None])[0],
+        "to_first_step_end_s": result["step_seen_s"].get(1),
         "peak_card_mib": result["memory"]["peak_total_mib"],
         "host_peak_above_base_mib": result["memory"].get("host_peak_above_base_mib"),
         "oom": "OutOfMemoryError" in Path(result["log"]).read_text(errors="replace") if result["log"] else None,

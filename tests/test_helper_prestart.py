@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import inspect
 import os
+from dataclasses import replace
 
 import pytest
 import ray
@@ -13,9 +14,10 @@ from omegaconf import OmegaConf
 
 from tests.helper_fakes import FakeWorker, OtherWorker
 from verl_compat import helper_prestart
-from verl_compat.helper_prestart import KINDS, AgentWorkerHost, Kind, count, worker_class
+from verl_compat.helper_prestart import KINDS, count, worker_class
 
-FAKES = {"agent": Kind("tests.helper_fakes:FakeWorker", "test_helper_{}", AgentWorkerHost)}
+AGENT, REWARD = KINDS["agent"], KINDS["reward"]
+FAKES = {"agent": replace(AGENT, worker="tests.helper_fakes:FakeWorker", name="test_helper_{}")}
 NAME = FAKES["agent"].name
 
 
@@ -33,17 +35,17 @@ def _config(agents=2, rewards=1, **extra):
 
 
 def test_started_only_where_the_managers_adopt():
-    assert (count("agent", _config()), count("reward", _config())) == (2, 1)
-    assert count("reward", _config(reward_model={"num_workers": 3})) == 3  # verl's legacy key wins when set
-    assert count("reward", _config(reward={"reward_model": {"enable": True}})) == 0
-    assert count("agent", _config(actor_rollout_ref={"rollout": {"agent": {"agent_loop_manager_class": "m.M"}}})) == 0
+    assert (count(AGENT, _config()), count(REWARD, _config())) == (2, 1)
+    assert count(REWARD, _config(reward_model={"num_workers": 3})) == 3  # verl's legacy key wins when set
+    assert count(REWARD, _config(reward={"reward_model": {"enable": True}})) == 0
+    assert count(AGENT, _config(actor_rollout_ref={"rollout": {"agent": {"agent_loop_manager_class": "m.M"}}})) == 0
     for change in (
         {"actor_rollout_ref": {"rollout": {"name": "vllm"}}},
         {"actor_rollout_ref": {"rollout": {"engine_kwargs": {"hf": {"prestart": False}}}}},
         {"trainer": {"v1": {"trainer_mode": "separate_async"}}},
         {"trainer": {"nnodes": 2}},
     ):
-        assert count("agent", _config(**change)) == count("reward", _config(**change)) == 0, change
+        assert count(AGENT, _config(**change)) == count(REWARD, _config(**change)) == 0, change
 
 
 def test_each_host_answers_every_public_method_of_its_worker():

@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from verl_compat.resolvers.helpers import HELPERS
 from verl_compat.rollout.prestart import get_key, server_names
 
 logger = logging.getLogger("verl_compat.helper_prestart")
@@ -87,17 +88,28 @@ class Kind:
     worker: str  # verl's worker class the manager creates, "module:attribute"
     name: str  # the prestarted processes' Ray names
     host: type[_Host]
+    counts: tuple[str, ...]  # config keys of the manager's worker count, the first one set wins
+    not_when: str  # a config key that, when set, makes the manager create other workers (or none of these)
 
 
 KINDS = {
-    # verl's v1 TaskRunner's agent-loop manager (AgentLoopManagerTQ) creates this class
+    # verl's v1 TaskRunner's agent-loop manager (AgentLoopManagerTQ) creates this class; a manager class of the
+    # user's own may create others
     "agent": Kind(
-        "verl.trainer.ppo.v1.agent_loop_tq:AgentLoopWorkerTQ", "verl_compat_agent_loop_worker_{}", AgentWorkerHost
+        "verl.trainer.ppo.v1.agent_loop_tq:AgentLoopWorkerTQ",
+        "verl_compat_agent_loop_worker_{}",
+        AgentWorkerHost,
+        counts=("actor_rollout_ref.rollout.agent.num_workers",),
+        not_when="actor_rollout_ref.rollout.agent.agent_loop_manager_class",
     ),
+    # verl's legacy count key overrides the current one when set (platform.helpers' table has both); a reward
+    # model's workers wait for its router, left to verl
     "reward": Kind(
         "verl.experimental.reward_loop.reward_loop:RewardLoopWorker",
         "verl_compat_reward_loop_worker_{}",
         RewardWorkerHost,
+        counts=(HELPERS["reward.num_workers"][3], "reward.num_workers"),
+        not_when="reward.reward_model.enable",
     ),
 }
 
@@ -115,21 +127,13 @@ def plain_class(cls: Any) -> Any:
     return getattr(cls, "__ray_actor_class__", cls)
 
 
-def count(kind: str, config: Any) -> int:
+def count(kind: Kind, config: Any) -> int:
     """How many workers of ``kind`` to start early: the manager's own count where the adoption is certain (the
-    servers' prestart conditions, verl's default manager, no reward model), else 0."""
-    if not server_names(config):
+    servers' prestart conditions and nothing set that changes what the manager creates), else 0."""
+    if not server_names(config) or get_key(config, kind.not_when):
         return 0
-    if kind == "agent":
-        if get_key(config, "actor_rollout_ref.rollout.agent.agent_loop_manager_class"):
-            return 0
-        workers = get_key(config, "actor_rollout_ref.rollout.agent.num_workers", 0)
-    else:
-        if get_key(config, "reward.reward_model.enable", False):
-            return 0
-        # verl's migrate_legacy_reward_impl copies reward_model.num_workers over reward.num_workers when set
-        workers = get_key(config, "reward_model.num_workers") or get_key(config, "reward.num_workers", 0)
-    return max(0, int(workers or 0))
+    workers = next((v for v in (get_key(config, key) for key in kind.counts) if v is not None), 0)
+    return max(0, int(workers))
 
 
 def start(config: Any, kinds: dict[str, Kind] | None = None) -> list[str]:
@@ -144,9 +148,9 @@ def start(config: Any, kinds: dict[str, Kind] | None = None) -> list[str]:
     # The managers' own placement on one node: soft affinity to it (agent_loop.py and reward_loop.py).
     strategy = NodeAffinitySchedulingStrategy(node_id=nodes[0]["NodeID"], soft=True)
     names = []
-    for key, kind in kinds.items():
+    for kind in kinds.values():
         host_class = ray.remote(kind.host)
-        for i in range(count(key, config)):
+        for i in range(count(kind, config)):
             name = kind.name.format(i)
             _kill(name)  # a previous job of this driver left it
             handle = host_class.options(name=name, scheduling_strategy=strategy).remote()
