@@ -113,3 +113,83 @@ def test_task_runner_joins_the_prestarted_queue(local_ray):
 
     tq.close()
     tq_prestart._OURS.clear()
+
+
+def _use_queue_here():
+    import torch
+    import transfer_queue as tq
+
+    tq.kv_put("row0", partition_id="train", fields={"x": torch.arange(4)})
+    return [row.tolist() for row in tq.kv_batch_get(["row0"], partition_id="train")["x"].unbind()]
+
+
+def test_in_driver_runner_goes_on_while_the_queue_starts(local_ray, monkeypatch):
+    """verl's TaskRunner run in the driver (verl_compat.task_runner): its tq.init returns while the early start is
+    still waiting for the controller's answer, and its later calls use the client that start makes."""
+    import threading
+
+    import transfer_queue as tq
+    from transfer_queue import interface
+
+    answer = threading.Event()
+    ask_controller = interface.process_zmq_server_info
+
+    def controller_address(handle):
+        assert answer.wait(120)
+        return ask_controller(handle)
+
+    monkeypatch.setattr(interface, "process_zmq_server_info", controller_address)
+    config = _job_config()
+    thread = tq_prestart.start(config)
+    with tq_prestart.runner_in_this_process():
+        assert tq.init(tq_prestart.conf_for(config)) is not None  # returned with the start held mid-way
+        assert thread.is_alive() and interface._TQ_CLIENT is None
+        answer.set()
+        thread.join(timeout=120)
+        assert _use_queue_here() == [[0, 1, 2, 3]]
+    assert tq.init is interface.init
+    tq.close()
+    tq_prestart._OURS.clear()
+
+
+def test_in_driver_runner_gets_its_own_init_when_the_early_start_fails(local_ray, monkeypatch):
+    import threading
+
+    import transfer_queue as tq
+    from transfer_queue import interface
+
+    asked = threading.Event()
+    create = interface._maybe_create_tq_storage
+    calls = []
+
+    def storage_failing_once(conf):
+        calls.append(conf)
+        if len(calls) == 1:
+            assert asked.wait(120)
+            raise RuntimeError("storage units could not start")
+        return create(conf)
+
+    monkeypatch.setattr(interface, "_maybe_create_tq_storage", storage_failing_once)
+    config = _job_config()
+    thread = tq_prestart.start(config)
+    with tq_prestart.runner_in_this_process():
+        tq.init(tq_prestart.conf_for(config))
+        asked.set()  # the early start fails after the runner went on
+        thread.join(timeout=120)
+        assert len(calls) == 2  # the runner's own tq.init ran, in the early start's thread
+        assert _use_queue_here() == [[0, 1, 2, 3]]
+    tq.close()
+    tq_prestart._OURS.clear()
+
+
+def test_in_driver_runner_waits_where_metrics_are_on(local_ray):
+    import transfer_queue as tq
+    from transfer_queue import interface
+
+    config = _job_config(transfer_queue={"metrics": {"enabled": True}})
+    thread = tq_prestart.start(config)
+    with tq_prestart.runner_in_this_process():
+        tq.init(tq_prestart.conf_for(config))
+        assert not thread.is_alive() and interface._TQ_CLIENT is not None
+    tq.close()
+    tq_prestart._OURS.clear()

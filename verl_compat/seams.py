@@ -116,6 +116,15 @@ def prestart(config: Any) -> None:
     helper_prestart.start(config)
 
 
+def task_runner(config: Any, cls: Any) -> Any:
+    """Driver seam (main_ppo.run_ppo, where it creates the TaskRunner): what ``.remote()`` is called on. verl's
+    own TaskRunner run in the driver's process where the early start-up applies (verl_compat.task_runner), else
+    ``cls``."""
+    from verl_compat.task_runner import runner_class
+
+    return runner_class(config, cls)
+
+
 def helper_worker_class(kind: str, cls: Any, index: int) -> Any:
     """Agent- and reward-loop managers' seam (agent_loop.py and reward_loop.py, where they create worker ``index``;
     kind "agent" or "reward"): the driver's prestarted process where one waits for this class, else ``cls``."""

@@ -28,6 +28,8 @@ from verl_compat.rollout.prestart import enabled, get_key
 logger = logging.getLogger("verl_compat.tq_prestart")
 
 _OURS: list[bool] = []  # set once this process has initialised TransferQueue for a job
+_LOCK = threading.Lock()
+_EARLY: dict[str, Any] = {}  # this process's early start: "running", then "ok" (bool); "asked" by an in-driver runner
 
 
 def wanted(config: Any) -> bool:
@@ -46,29 +48,75 @@ def conf_for(config: Any) -> Any:
 
 def start(config: Any) -> threading.Thread | None:
     """Driver, after ``ray.init``: initialise TransferQueue in a background thread; None where not wanted."""
+    with _LOCK:
+        _EARLY.clear()  # a previous job's in this process says nothing about this one
     if not wanted(config):
         return None
     thread = threading.Thread(target=_init, args=(conf_for(config),), name="verl-compat-tq-prestart", daemon=True)
+    with _LOCK:
+        _EARLY["running"] = thread
     thread.start()
     logger.info("TransferQueue: starting its controller and storage from the driver")
     return thread
 
 
-def _init(conf: Any) -> None:
+@contextmanager
+def runner_in_this_process() -> Iterator[None]:
+    """While verl's TaskRunner runs in this process (verl_compat.task_runner): its ``tq.init``, the first thing its
+    ``run`` does, returns at once where this process's early start is under way, so that the trainer's set-up
+    (tokenizer, data, the workers' processes) goes on beside it; the set-up makes no TransferQueue call (its workers
+    connect when they first use the queue), and the first call of the run finds the client the early start made.
+    Should the early start fail, it runs the TaskRunner's own ``tq.init`` (as upstream, where the error shows).
+    With TransferQueue's metrics on, the trainer asks for their endpoint while it is built: there it waits."""
     import transfer_queue as tq
+
+    real = tq.init
+
+    def init(conf: Any = None) -> Any:
+        with _LOCK:
+            thread = _EARLY.get("running")
+            if thread is not None and not _metrics_on(conf):
+                _EARLY["asked"] = (conf,)
+                return conf
+        if thread is not None:
+            thread.join()
+        return conf if _EARLY.get("ok") else real(conf)
+
+    tq.init = init
+    try:
+        yield
+    finally:
+        tq.init = real
+
+
+def _metrics_on(conf: Any) -> bool:
+    return bool(conf is not None and get_key(conf, "metrics.enabled", False))
+
+
+def _init(conf: Any) -> None:
+    from transfer_queue import interface as tq  # its own init, not the one runner_in_this_process puts in front
 
     if _OURS:  # a previous job of this process left its storage units; its TaskRunner removed the controller
         tq.close()
         _OURS.clear()
+    ok = False
     try:
         with _storage_beside_controller(conf):
             tq.init(conf)
         _OURS.append(True)
+        ok = True
     except Exception:
         # A controller without its stored config would hold the TaskRunner's tq.init waiting: remove what was
         # made, so that the TaskRunner starts TransferQueue itself (or fails with Ray's error, not a hang).
         logger.warning("TransferQueue: the driver's early start failed; the TaskRunner starts it", exc_info=True)
         tq.close()
+    finally:
+        with _LOCK:
+            _EARLY.pop("running", None)
+            _EARLY["ok"] = ok
+            asked = None if ok else _EARLY.pop("asked", None)
+    if asked is not None:  # the TaskRunner in this process went on without it (runner_in_this_process)
+        tq.init(*asked)
 
 
 @contextmanager
