@@ -16,7 +16,7 @@ from tests.helper_fakes import FakeWorker, OtherWorker
 from verl_compat import helper_prestart
 from verl_compat.helper_prestart import KINDS, count, worker_class
 
-AGENT, REWARD = KINDS["agent"], KINDS["reward"]
+AGENT, REWARD, BALANCER = KINDS["agent"], KINDS["reward"], KINDS["balancer"]
 FAKES = {"agent": replace(AGENT, worker="tests.helper_fakes:FakeWorker", name="test_helper_{}")}
 NAME = FAKES["agent"].name
 
@@ -35,7 +35,8 @@ def _config(agents=2, rewards=1, **extra):
 
 
 def test_started_only_where_the_managers_adopt():
-    assert (count(AGENT, _config()), count(REWARD, _config())) == (2, 1)
+    assert (count(AGENT, _config()), count(REWARD, _config()), count(BALANCER, _config())) == (2, 1, 1)
+    assert count(BALANCER, _config(actor_rollout_ref={"rollout": {"router_config_path": "router.yaml"}})) == 0
     assert count(REWARD, _config(reward_model={"num_workers": 3})) == 3  # verl's legacy key wins when set
     assert count(REWARD, _config(reward={"reward_model": {"enable": True}})) == 0
     assert count(AGENT, _config(actor_rollout_ref={"rollout": {"agent": {"agent_loop_manager_class": "m.M"}}})) == 0
@@ -46,6 +47,7 @@ def test_started_only_where_the_managers_adopt():
         {"trainer": {"nnodes": 2}},
     ):
         assert count(AGENT, _config(**change)) == count(REWARD, _config(**change)) == 0, change
+        assert count(BALANCER, _config(**change)) == 0, change
 
 
 def test_each_host_answers_every_public_method_of_its_worker():
@@ -78,6 +80,7 @@ async def test_prestarted_processes_become_the_managers_workers(local_ray):
     assert len(pids) == 2 and os.getpid() not in pids
     with pytest.raises(ValueError):
         ray.get_actor("agent_loop_worker_0_abc")  # nothing was created under the manager's own name
+    assert worker_class("agent", FakeWorker, 0, kinds=FAKES) is FakeWorker  # a second creation: upstream's
     _clear()
 
 
@@ -97,3 +100,20 @@ async def test_a_worker_that_cannot_be_built_says_why(local_ray):
     with pytest.raises(ray.exceptions.RayTaskError, match="could not be built.*no tokenizer at /nowhere"):
         await handle.generate_sequences.remote({})
     _clear(1)
+
+
+async def test_verls_request_router_is_the_prestarted_process(local_ray):
+    """verl's own router factory (router.py, patch 0023) hands its servers to the driver's early process."""
+    from verl.workers.rollout.router import get_router_handle
+
+    name = BALANCER.name.format(0)
+    helper_prestart._kill(name)
+    assert helper_prestart.start(_config(agents=0, rewards=0)) == [name]
+    early = ray.get_actor(name)
+    router = get_router_handle(servers={"10.0.0.1:8000": "server-0"})
+    assert router._actor_id == early._actor_id
+    assert await router.acquire_server.remote(request_id="r1") == ("10.0.0.1:8000", "server-0")
+    assert await router.get_total_inflight.remote() == 1
+    await router.release_server.remote("10.0.0.1:8000", request_id="r1")
+    assert await router.get_all_servers.remote() == ["10.0.0.1:8000"]
+    helper_prestart._kill(name)

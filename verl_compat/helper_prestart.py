@@ -1,5 +1,5 @@
-"""Start verl's agent-loop and reward-loop worker processes from the driver right after ``ray.init``; verl's managers
-adopt them where they would create their workers.
+"""Start verl's agent-loop and reward-loop worker processes and its request router from the driver right after
+``ray.init``; verl adopts them where it would create them.
 
 Why: verl's v1 TaskRunner creates the reward-loop manager at the end of the trainer's set-up and the agent-loop
 manager after it, and each manager starts fresh processes (``reward.num_workers``; ``rollout.agent.num_workers``,
@@ -7,14 +7,19 @@ manager after it, and each manager starts fresh processes (``reward.num_workers`
 (time before step 1) does not show it: on the H100 host at 32d9ca7 step 1 took 33.1 s against 5.2-5.6 s for later
 steps; the reward-loop worker imported from 78.6 s to 94 s and the eight agent-loop workers from 82.5 s to 100 s,
 and the first prefill came at 101.2 s (``benchmarks/results/p40_h100_ppo_head_to_head_32d9ca7.json``,
-``raw.startup_trace``). Started from the driver, the same imports overlap the trainer's start-up.
+``raw.startup_trace``). Started from the driver, the same imports overlap the trainer's start-up. With those
+prestarted, step 1 still waited for one more process: the request router (``GlobalRequestLoadBalancer``), which
+verl's LLMServerManager creates once the servers are up; on the H100 host at b8a240e it imported from 52.9 s to
+about 61.5 s of a job whose step 1 began at 53.1 s, the first prefill came at 64.0 s, and step 1's generation took
+10.4 s against 1.5 s for step 2 (``benchmarks/results/p40_h100_ppo_planned_task_runner_in_driver_b8a240e.json``).
 
-A prestarted process is a host (:class:`AgentWorkerHost`, :class:`RewardWorkerHost`): it imports the worker's
+A prestarted process is a host (:class:`AgentWorkerHost`, :class:`RewardWorkerHost`, :class:`BalancerHost`): it
+imports the worker's
 module (``warm``), and builds the real worker, verl's own class with verl's own arguments, where the manager would
 have created it (``configure``); the manager's calls are passed through. Only where the adoption is certain (the
 rollout servers' prestart conditions: `hf` engine, v1 synchronous trainer, one node), only for verl's default
-worker classes (any other class is created as upstream does, and the early processes are removed), and not for a
-reward model's workers. Same switch as the other early starts:
+worker classes (any other class is created as upstream does, and the early processes are removed), not for a
+reward model's workers and not for a router plugin (``rollout.router_config_path``). Same switch as the other early starts:
 ``actor_rollout_ref.rollout.engine_kwargs.hf.prestart=false``.
 """
 
@@ -83,6 +88,41 @@ class RewardWorkerHost(_Host):
         return await (await self._ready()).compute_score_disrm(*args, **kwargs)
 
 
+class BalancerHost(_Host):
+    async def acquire_server(self, *args: Any, **kwargs: Any) -> Any:
+        return (await self._ready()).acquire_server(*args, **kwargs)
+
+    async def release_server(self, *args: Any, **kwargs: Any) -> Any:
+        return (await self._ready()).release_server(*args, **kwargs)
+
+    async def require_acquire_fields(self) -> Any:
+        return (await self._ready()).require_acquire_fields()
+
+    async def require_release_fields(self) -> Any:
+        return (await self._ready()).require_release_fields()
+
+    async def add_servers(self, *args: Any, **kwargs: Any) -> Any:
+        return (await self._ready()).add_servers(*args, **kwargs)
+
+    async def remove_servers(self, *args: Any, **kwargs: Any) -> Any:
+        return (await self._ready()).remove_servers(*args, **kwargs)
+
+    async def get_inflight_count(self, *args: Any, **kwargs: Any) -> Any:
+        return (await self._ready()).get_inflight_count(*args, **kwargs)
+
+    async def get_all_servers(self) -> Any:
+        return (await self._ready()).get_all_servers()
+
+    async def clear_sticky_cache(self) -> Any:
+        return (await self._ready()).clear_sticky_cache()
+
+    async def get_status(self) -> Any:
+        return (await self._ready()).get_status()
+
+    async def get_total_inflight(self) -> Any:
+        return (await self._ready()).get_total_inflight()
+
+
 @dataclass(frozen=True)
 class Kind:
     worker: str  # verl's worker class the manager creates, "module:attribute"
@@ -90,6 +130,7 @@ class Kind:
     host: type[_Host]
     counts: tuple[str, ...]  # config keys of the manager's worker count, the first one set wins
     not_when: str  # a config key that, when set, makes the manager create other workers (or none of these)
+    default: int = 0  # the count where none of ``counts`` is set
 
 
 KINDS = {
@@ -111,10 +152,23 @@ KINDS = {
         counts=(HELPERS["reward.num_workers"][3], "reward.num_workers"),
         not_when="reward.reward_model.enable",
     ),
+    # verl's LLMServerManager creates one request router for its servers once they are up (router.py); the first
+    # generation waits for its process's imports. A router YAML plugin is left to verl.
+    "balancer": Kind(
+        "verl.workers.rollout.router:GlobalRequestLoadBalancer",
+        "verl_compat_load_balancer_{}",
+        BalancerHost,
+        counts=(),
+        not_when="actor_rollout_ref.rollout.router_config_path",
+        default=1,
+    ),
 }
 
 # The driver keeps the handles, by name: Ray collects a named actor that no handle refers to.
 _PRESTARTED: dict[str, Any] = {}
+# Hosts this process has handed to a creation call: a second call for the same index (a distillation teacher's
+# router beside the rollout's) creates its own worker, as upstream.
+_ADOPTED: set[str] = set()
 
 
 def resolve(path: str) -> Any:
@@ -132,7 +186,7 @@ def count(kind: Kind, config: Any) -> int:
     servers' prestart conditions and nothing set that changes what the manager creates), else 0."""
     if not server_names(config) or get_key(config, kind.not_when):
         return 0
-    workers = next((v for v in (get_key(config, key) for key in kind.counts) if v is not None), 0)
+    workers = next((v for v in (get_key(config, key) for key in kind.counts) if v is not None), kind.default)
     return max(0, int(workers))
 
 
@@ -153,6 +207,7 @@ def start(config: Any, kinds: dict[str, Kind] | None = None) -> list[str]:
         for i in range(count(kind, config)):
             name = kind.name.format(i)
             _kill(name)  # a previous job of this driver left it
+            _ADOPTED.discard(name)
             handle = host_class.options(name=name, scheduling_strategy=strategy).remote()
             handle.warm.remote(kind.worker)
             _PRESTARTED[name] = handle
@@ -170,6 +225,8 @@ def worker_class(kind: str, cls: Any, index: int, kinds: dict[str, Kind] | None 
 
     spec = (KINDS if kinds is None else kinds)[kind]
     name = spec.name.format(index)
+    if name in _ADOPTED:
+        return cls
     try:
         handle = ray.get_actor(name)
     except ValueError:
@@ -178,6 +235,7 @@ def worker_class(kind: str, cls: Any, index: int, kinds: dict[str, Kind] | None 
         _kill(name)
         logger.info("%s is not %s: its early process %s is removed", cls, spec.worker, name)
         return cls
+    _ADOPTED.add(name)
     return _Adopter(handle, spec.worker)
 
 

@@ -126,8 +126,9 @@ def task_runner(config: Any, cls: Any) -> Any:
 
 
 def helper_worker_class(kind: str, cls: Any, index: int) -> Any:
-    """Agent- and reward-loop managers' seam (agent_loop.py and reward_loop.py, where they create worker ``index``;
-    kind "agent" or "reward"): the driver's prestarted process where one waits for this class, else ``cls``."""
+    """Where verl creates a helper process: the agent- and reward-loop managers' worker ``index`` (agent_loop.py and
+    reward_loop.py; kind "agent" or "reward") and the servers' request router (router.py; "balancer", index 0): the
+    driver's prestarted process where one waits for this class, else ``cls``."""
     from verl_compat.helper_prestart import worker_class
 
     return worker_class(kind, cls, index)
