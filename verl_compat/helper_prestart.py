@@ -19,8 +19,8 @@ module (``warm``), and builds the real worker, verl's own class with verl's own 
 have created it (``configure``); the manager's calls are passed through. Only where the adoption is certain (the
 rollout servers' prestart conditions: `hf` engine, v1 synchronous trainer, one node), only for verl's default
 worker classes (any other class is created as upstream does, and the early processes are removed), not for a
-reward model's workers and not for a router plugin (``rollout.router_config_path``). Same switch as the other early starts:
-``actor_rollout_ref.rollout.engine_kwargs.hf.prestart=false``.
+reward model's workers and not for a router plugin (``rollout.router_config_path``). Same switch as the other
+early starts: ``actor_rollout_ref.rollout.engine_kwargs.hf.prestart=false``.
 """
 
 from __future__ import annotations
