@@ -46,6 +46,6 @@ def test_spans_join_the_memory_samples_to_the_steps_that_ran_during_them(tmp_pat
 def test_a_bare_metrics_file_gives_verls_own_figures_only(tmp_path):
     path = tmp_path / "metrics.jsonl"
     lines = [{"step": s, "data": {"timing_s/step": 2.0 + s, "perf/total_num_tokens": 10.0}} for s in (2, 1, 3)]
-    path.write_text("\n".join(json.dumps(x) for x in lines) + "\n{\"note\": 1}\n")
+    path.write_text("\n".join(json.dumps(x) for x in lines) + '\n{"note": 1}\n')
     (row,) = spans(load_run(path), span=5)
     assert row["steps"] == "1-3" and row["step_s_median"] == 4.0 and "card_peak_mib" not in row
