@@ -14,11 +14,10 @@ about 61.5 s of a job whose step 1 began at 53.1 s, the first prefill came at 64
 10.4 s against 1.5 s for step 2 (``benchmarks/results/p40_h100_ppo_planned_task_runner_in_driver_b8a240e.json``).
 
 A prestarted process is a host (:class:`AgentWorkerHost`, :class:`RewardWorkerHost`, :class:`BalancerHost`): it
-imports the worker's
-module (``warm``), and builds the real worker, verl's own class with verl's own arguments, where the manager would
-have created it (``configure``); the manager's calls are passed through. Only where the adoption is certain (the
-rollout servers' prestart conditions: `hf` engine, v1 synchronous trainer, one node), only for verl's default
-worker classes (any other class is created as upstream does, and the early processes are removed), not for a
+imports the worker's module (``warm``), and builds the real worker, verl's own class with verl's own arguments,
+where verl would have created it (``configure``); verl's calls are passed through. Only where the adoption is
+certain (the rollout servers' prestart conditions: `hf` engine, v1 synchronous trainer, one node), only for verl's
+default worker classes (any other class is created as upstream does, and the early processes are removed), not for a
 reward model's workers and not for a router plugin (``rollout.router_config_path``). Same switch as the other
 early starts: ``actor_rollout_ref.rollout.engine_kwargs.hf.prestart=false``.
 """

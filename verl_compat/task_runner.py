@@ -4,9 +4,9 @@ Why: verl's driver imports torch, transformers and verl, calls ``ray.init`` and 
 actor whose fresh process imports all of them again before its ``run`` starts the trainer: 17.6 s of the H100
 host's start-up at 32d9ca7 (the TaskRunner's process from 26.3 s, its trainer set-up from 43.9 s;
 ``benchmarks/results/p40_h100_ppo_head_to_head_32d9ca7.json``, ``raw.startup_trace``), all before the trainer's
-worker is even created. The driver has those modules already, so here ``run`` is called in the driver, once the
-driver's early TransferQueue start (verl_compat.tq_prestart, which the TaskRunner's ``tq.init`` would wait for
-anyway) has finished.
+worker is even created. The driver has those modules already, so here ``run`` is called in the driver; its
+``tq.init`` goes on beside the driver's early TransferQueue start instead of waiting for it
+(verl_compat.tq_prestart.runner_in_this_process).
 
 What the actor would have had, the driver gets: the job's runtime environment variables (verl's
 ``get_ppo_ray_runtime_env`` and ``ray_kwargs.ray_init.runtime_env.env_vars``) are set before ``run``, and ``run``
