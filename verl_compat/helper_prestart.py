@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import inspect
 import logging
 import time
 from dataclasses import dataclass
@@ -70,56 +71,42 @@ class _Host:
         return self.worker
 
 
+def _passed_through(method: str) -> Any:
+    async def call(self: _Host, *args: Any, **kwargs: Any) -> Any:
+        result = getattr(await self._ready(), method)(*args, **kwargs)
+        return await result if inspect.isawaitable(result) else result  # verl's loop workers' methods are coroutines
+
+    call.__name__ = call.__qualname__ = method
+    return call
+
+
+def _host(name: str, methods: tuple[str, ...]) -> type[_Host]:
+    """A host class answering ``methods`` by its worker's; a module attribute under ``name``, so that Ray finds it
+    by reference in the host's process."""
+    cls = type(name, (_Host,), {m: _passed_through(m) for m in methods})
+    cls.__module__ = __name__
+    return cls
+
+
 # Each host answers its worker class's public methods (tests/test_helper_prestart.py checks the lists are complete).
-class AgentWorkerHost(_Host):
-    async def generate_sequences(self, *args: Any, **kwargs: Any) -> Any:
-        return await (await self._ready()).generate_sequences(*args, **kwargs)
-
-
-class RewardWorkerHost(_Host):
-    async def compute_score(self, *args: Any, **kwargs: Any) -> Any:
-        return await (await self._ready()).compute_score(*args, **kwargs)
-
-    async def compute_score_batch(self, *args: Any, **kwargs: Any) -> Any:
-        return await (await self._ready()).compute_score_batch(*args, **kwargs)
-
-    async def compute_score_disrm(self, *args: Any, **kwargs: Any) -> Any:
-        return await (await self._ready()).compute_score_disrm(*args, **kwargs)
-
-
-class BalancerHost(_Host):
-    async def acquire_server(self, *args: Any, **kwargs: Any) -> Any:
-        return (await self._ready()).acquire_server(*args, **kwargs)
-
-    async def release_server(self, *args: Any, **kwargs: Any) -> Any:
-        return (await self._ready()).release_server(*args, **kwargs)
-
-    async def require_acquire_fields(self) -> Any:
-        return (await self._ready()).require_acquire_fields()
-
-    async def require_release_fields(self) -> Any:
-        return (await self._ready()).require_release_fields()
-
-    async def add_servers(self, *args: Any, **kwargs: Any) -> Any:
-        return (await self._ready()).add_servers(*args, **kwargs)
-
-    async def remove_servers(self, *args: Any, **kwargs: Any) -> Any:
-        return (await self._ready()).remove_servers(*args, **kwargs)
-
-    async def get_inflight_count(self, *args: Any, **kwargs: Any) -> Any:
-        return (await self._ready()).get_inflight_count(*args, **kwargs)
-
-    async def get_all_servers(self) -> Any:
-        return (await self._ready()).get_all_servers()
-
-    async def clear_sticky_cache(self) -> Any:
-        return (await self._ready()).clear_sticky_cache()
-
-    async def get_status(self) -> Any:
-        return (await self._ready()).get_status()
-
-    async def get_total_inflight(self) -> Any:
-        return (await self._ready()).get_total_inflight()
+AgentWorkerHost = _host("AgentWorkerHost", ("generate_sequences",))
+RewardWorkerHost = _host("RewardWorkerHost", ("compute_score", "compute_score_batch", "compute_score_disrm"))
+BalancerHost = _host(
+    "BalancerHost",
+    (
+        "acquire_server",
+        "release_server",
+        "require_acquire_fields",
+        "require_release_fields",
+        "add_servers",
+        "remove_servers",
+        "get_inflight_count",
+        "get_all_servers",
+        "clear_sticky_cache",
+        "get_status",
+        "get_total_inflight",
+    ),
+)
 
 
 @dataclass(frozen=True)
