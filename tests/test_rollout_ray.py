@@ -93,7 +93,6 @@ def _job_config(model_dir, **rollout):
 
 async def test_prestarted_server_is_adopted(local_ray, tmp_path):
     """The driver's early server process (prestart_servers) is the one the replica serves from."""
-    from verl.workers.config import HFModelConfig
     from verl_compat.rollout.prestart import prestart_servers
     from verl_compat.rollout.replica import HFReplica
 
@@ -111,14 +110,15 @@ async def test_prestarted_server_is_adopted(local_ray, tmp_path):
     warmed = await early.__ray_call__.remote(lambda s: "verl.workers.engine_workers" in __import__("sys").modules)
     assert warmed  # what configure's arguments import arrives imported
 
-    replica = HFReplica(
-        replica_rank=0, config=rollout_config(load_format="dummy"), model_config=HFModelConfig(path=str(model_dir)),
-        gpus_per_node=1,
-    )  # fmt: skip
+    # verl's LLMServerManager hands the replica the job's model section (config.actor_rollout_ref.model)
+    model_section = _job_config(model_dir).actor_rollout_ref.model
+    replica = HFReplica(replica_rank=0, config=rollout_config(load_format="dummy"), model_config=model_section,
+                        gpus_per_node=1)  # fmt: skip
     await replica.init_hybrid(SimpleNamespace(workers=[_TrainerWorkerStub.remote()]))
     server = replica.server_handle
     assert server._actor_id == early._actor_id  # adopted, not a second process
     assert await server.__ray_call__.remote(lambda s: s.configured)
+    assert await server.__ray_call__.remote(lambda s: s.model_config_from_warm)  # warm's build, not a second one
     params = {"temperature": 0.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0, "logprobs": True}
     out = await server.generate.remote(request_id="a", prompt_ids=[5, 17, 42], sampling_params=params)
     assert out.stop_reason == "completed" and len(out.token_ids) > 0

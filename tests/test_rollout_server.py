@@ -134,6 +134,32 @@ async def test_dummy_load_format_then_weight_sync(model_dir, model_config):
     assert out.token_ids == expected[0, len(prompt) :].tolist()[: len(out.token_ids)]
 
 
+def test_warm_model_config_taken_only_for_the_same_section(model_dir):
+    """A prestarted server builds the model config in warm; configure takes it only for an identical section."""
+    from omegaconf import OmegaConf
+
+    from verl_compat.rollout.server import HFServer
+
+    section = OmegaConf.create({"path": str(model_dir), "trust_remote_code": False})
+    server = HFServer()
+    server.warm(section)
+    warm_built = server._prebuilt[1]
+    server.configure(rollout_config(), OmegaConf.create({"path": str(model_dir), "trust_remote_code": False}))
+    assert server.model_config_from_warm and server.model_config is warm_built
+
+    other = HFServer()
+    other.warm(section)
+    other_built = other._prebuilt[1]
+    changed = OmegaConf.create({"path": str(model_dir), "trust_remote_code": False, "use_shm": False})
+    other.configure(rollout_config(), changed)  # the driver's section changed after prestart: built again
+    assert not other.model_config_from_warm and other.model_config is not other_built
+    assert other.model_config.local_path == warm_built.local_path
+
+    broken = HFServer()
+    broken.warm(OmegaConf.create({"path": str(model_dir / "missing")}))  # reported by configure, not by warm
+    assert "_prebuilt" not in broken.__dict__
+
+
 def test_tensor_parallel_rejected_by_server_and_adapter(model_config, monkeypatch):
     from verl_compat.rollout.adapter import HFServerAdapter
     from verl_compat.rollout.server import HFServer

@@ -92,12 +92,11 @@ def prestart_servers(config: Any) -> list[str]:
     env_vars = server_env_vars()
     if env_vars:
         options["runtime_env"] = {"env_vars": env_vars}
-    model_path = get_key(config, "actor_rollout_ref.model.path")
-    trust = bool(get_key(config, "actor_rollout_ref.model.trust_remote_code", False))
+    model_section = get_key(config, "actor_rollout_ref.model")
     server_class = ray.remote(HFServer)
     for name in names:
         handle = server_class.options(name=name, **options).remote()
-        handle.warm.remote(str(model_path) if model_path else None, trust)
+        handle.warm.remote(model_section)
         _PRESTARTED.append(handle)
     logger.info("hf rollout: started %d server process(es) early: %s", len(names), ", ".join(names))
     return names
