@@ -315,6 +315,8 @@ def _memory(plan: _Plan) -> None:
     # no config key sets it: a defaulted request with upstream's value (the seams ask the same)
     views = Request("memory.moved_views", memory.MOVED_VIEWS_KEY, "keep", False, "keep")
     plan.add("memory.moved_views", memory.resolve_moved_views(views, p, plan.registry))
+    offload = Request("memory.offload_init", memory.OFFLOAD_INIT_KEY, "first_forward", False, "first_forward")
+    plan.add("memory.offload_init", memory.resolve_offload_init(offload, p, plan.registry))
     # the same for when an offloaded AdamW state comes back (verl's FSDP engine's step brings it: optimizer_state)
     facts = {"engine_step": _get(plan.config, "actor_rollout_ref.actor.strategy") in ("fsdp", "fsdp2")}
     load = Request("memory.optimizer_load", memory.OPTIMIZER_LOAD_KEY, "at_entry", False, "at_entry", facts)

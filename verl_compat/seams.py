@@ -357,6 +357,24 @@ def release_moved_views(module: Any) -> None:
     fsdp_views.release_moved_views(module)
 
 
+def offload_init(module: Any, forward_only: bool) -> None:
+    """transformer_impl.py `_build_model_optimizer`, after the FSDP wrap: a forward-only model under FSDP1's
+    CPUOffload (the reference) is set up in the background and its unused pinned gradient freed
+    (verl_compat.offload_init), where memory.offload_init says 'at_build' (below sm_80 on a GPU; upstream's lazy
+    init in the first forward on sm_80+ and on a CPU)."""
+    if not forward_only:
+        return
+    from verl_compat import offload_init as init
+    from verl_compat.resolvers import memory
+
+    if not init.offloaded_root(module):
+        return
+    key = memory.OFFLOAD_INIT_KEY
+    if _resolve(memory.resolve_offload_init, "memory.offload_init", key, "first_forward", "first_forward",
+                settled=False) == "at_build":  # fmt: skip
+        init.start(module)
+
+
 def _optimizer_load(engine: Any) -> str:
     from verl_compat.optimizer_state import engine_step
     from verl_compat.resolvers import memory

@@ -101,6 +101,35 @@ def resolve_moved_views(request: Request, profile: DeviceProfile, registry: Regi
     return choose(request, profile, MOVED_VIEWS_OPTIONS, registry=registry)
 
 
+# FSDP1 finishes a CPU-offloaded wrap at the first forward: a pinned copy of each flat parameter and a pinned
+# gradient for a backward; for verl's reference (forward only) that is step 1's reference pass, and the gradient is
+# never used (verl_compat.offload_init). No config key.
+OFFLOAD_INIT_KEY = "when FSDP1 sets up a forward-only model's CPU offload (no config key)"
+
+
+def _at_build_reasons(ctx: Context) -> list[Reason]:
+    if ctx.profile.is_cpu:
+        return [hard("cpu_no_card", "on a CPU nothing is pinned or streamed")]
+    return []
+
+
+OFFLOAD_INIT_OPTIONS = (
+    Option(
+        "at_build",
+        _at_build_reasons,
+        "in a background thread after the wrap, joined by the first forward; the unused pinned gradient freed "
+        "(verl_compat.offload_init)",
+        priority=10,
+    ),
+    Option("first_forward", why="upstream: FSDP1's lazy init in the first forward, the gradient kept", priority=20),
+)
+
+
+def resolve_offload_init(request: Request, profile: DeviceProfile, registry: Registry | None = None) -> Decision:
+    """When a forward-only FSDP1 model's CPU offload is set up; upstream: 'first_forward'."""
+    return choose(request, profile, OFFLOAD_INIT_OPTIONS, registry=registry)
+
+
 # verl's optimizer offload brings AdamW's state back when an engine enters train mode (engine/base.py), so it sits
 # on the card through every micro-batch's forward and backward, though only optimizer.step() reads it, after the
 # activations are freed (verl_compat.optimizer_state). No config key: a defaulted request with upstream's value.

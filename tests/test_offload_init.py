@@ -1,0 +1,111 @@
+"""A forward-only FSDP1 model under CPUOffload (verl's reference) set up in the background after the wrap: the first
+forward waits for it and gives the same outputs, the unused pinned gradient is freed, a failure surfaces at that
+forward; only where memory.offload_init says 'at_build' (below sm_80 on a GPU).
+
+On a CPU nothing can be pinned, so `Tensor.pin_memory` is replaced by a copy here: FSDP1's own lazy init then runs
+as on a GPU host (the pinned copy, the gradient buffer), which is what the background initialisation moves.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.fsdp import CPUOffload, ShardingStrategy
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+from verl_compat import offload_init, seams
+from verl_compat.catalog import get_profile
+from verl_compat.policy import compose_ppo_config, decide
+
+
+@pytest.fixture
+def one_rank(tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self, *a, **k: self.clone())
+    created = not dist.is_initialized()
+    if created:
+        dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    yield
+    if created:
+        dist.destroy_process_group()
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+
+
+def _fsdp(offload: bool = True) -> FSDP:
+    return FSDP(
+        _model(),
+        device_id=torch.device("cpu"),
+        sharding_strategy=ShardingStrategy.NO_SHARD,
+        cpu_offload=CPUOffload(offload_params=offload),
+    )
+
+
+def _grad_bytes(module: FSDP) -> list[int]:
+    return [h.flat_param._cpu_grad.untyped_storage().size() for h in offload_init._handles(module)]
+
+
+def test_upstreams_lazy_init_allocates_a_gradient_the_forward_never_uses(one_rank):
+    module = _fsdp()
+    with torch.no_grad():
+        module(torch.randn(2, 8))
+    flat = offload_init._handles(module)[0].flat_param
+    assert _grad_bytes(module) == [flat.numel() * 4]  # a model-size buffer for a backward that never comes
+
+
+def test_background_init_is_joined_by_the_first_forward_and_frees_the_gradient(one_rank):
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        expected = _model()(x)
+    module = _fsdp()
+    assert offload_init.offloaded_root(module)
+    thread = offload_init.start(module)
+    assert isinstance(thread, threading.Thread)
+    with torch.no_grad():
+        out = module(x)
+    assert not thread.is_alive() and module._is_root is True
+    torch.testing.assert_close(out, expected)
+    assert _grad_bytes(module) == [0]
+    assert not module._forward_pre_hooks  # the join hook removed itself
+    with torch.no_grad():
+        torch.testing.assert_close(module(x), expected)  # later forwards as upstream's
+    assert not offload_init.offloaded_root(module)  # initialised: nothing left to start
+
+
+def test_a_failure_in_the_background_is_raised_by_the_first_forward(one_rank, monkeypatch):
+    from torch.distributed.fsdp import _runtime_utils
+
+    def broken(state, root):
+        raise RuntimeError("lazy init failed")
+
+    monkeypatch.setattr(_runtime_utils, "_lazy_init", broken)
+    module = _fsdp()
+    offload_init.start(module)
+    with pytest.raises(RuntimeError, match="lazy init failed"), torch.no_grad():
+        module(torch.randn(2, 8))
+
+
+def test_nothing_to_do_without_offload_or_fsdp(one_rank):
+    assert offload_init.start(_fsdp(offload=False)) is None
+    assert offload_init.start(_model()) is None
+
+
+@pytest.mark.parametrize(("profile", "runs"), [("p40", True), ("v100", True), ("t4", True), ("cpu", False),
+                                               ("a100", False)])  # fmt: skip
+def test_the_seam_starts_it_below_sm80_on_a_gpu_for_forward_only_models(one_rank, monkeypatch, profile, runs):
+    started = []
+    monkeypatch.setattr(seams, "_profile", lambda: get_profile(profile))
+    monkeypatch.setattr(offload_init, "start", started.append)
+    module = _fsdp()
+    seams.offload_init(module, forward_only=False)  # a trained model: FSDP1 needs its gradient buffer
+    assert started == []
+    seams.offload_init(module, forward_only=True)
+    assert started == ([module] if runs else [])
+    decisions, _ = decide(compose_ppo_config([]), get_profile(profile), [])  # the doctor's record says the same
+    assert decisions["memory.offload_init"].value == ("at_build" if runs else "first_forward")
