@@ -40,6 +40,19 @@ def single_rank() -> Iterator[None]:
             torch.distributed.destroy_process_group()
 
 
+@pytest.fixture
+def one_rank(tmp_path) -> Iterator[None]:
+    """A gloo process group of world size 1 in this process (FSDP1 on the CPU), unless one exists already."""
+    import torch.distributed as dist
+
+    created = not dist.is_initialized()
+    if created:
+        dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    yield
+    if created:
+        dist.destroy_process_group()
+
+
 @pytest.fixture(scope="module")
 def local_ray() -> Iterator[None]:
     """A two-CPU local Ray cluster for one test module; its workers import this checkout."""

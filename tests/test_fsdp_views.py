@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from torch.distributed.fsdp import MixedPrecision, ShardingStrategy
@@ -14,16 +13,6 @@ from verl_compat import fsdp_views, seams
 from verl_compat.catalog import get_profile
 from verl_compat.planner.resolve import stale_views
 from verl_compat.policy import compose_ppo_config, decide
-
-
-@pytest.fixture
-def one_rank(tmp_path):
-    created = not dist.is_initialized()
-    if created:
-        dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
-    yield
-    if created:
-        dist.destroy_process_group()
 
 
 def _fsdp(orig: bool, mixed: MixedPrecision | None = None) -> FSDP:

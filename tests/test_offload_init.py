@@ -12,7 +12,6 @@ import threading
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import CPUOffload, ShardingStrategy
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
@@ -22,15 +21,9 @@ from verl_compat.catalog import get_profile
 from verl_compat.policy import compose_ppo_config, decide
 
 
-@pytest.fixture
-def one_rank(tmp_path, monkeypatch):
+@pytest.fixture(autouse=True)
+def pin_as_copy(monkeypatch):
     monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self, *a, **k: self.clone())
-    created = not dist.is_initialized()
-    if created:
-        dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
-    yield
-    if created:
-        dist.destroy_process_group()
 
 
 def _model() -> nn.Module:
