@@ -60,8 +60,11 @@ def _section_key(model_config: Any) -> Any:
     compare before configure takes warm's build."""
     from omegaconf import DictConfig, OmegaConf
 
-    if isinstance(model_config, DictConfig):
-        return OmegaConf.to_container(model_config, resolve=True)
+    try:
+        if isinstance(model_config, DictConfig):
+            return OmegaConf.to_container(model_config, resolve=True)
+    except Exception:  # an interpolation that does not resolve here: configure builds its own
+        return None
     return dict(model_config) if isinstance(model_config, dict) else None
 
 
@@ -104,7 +107,8 @@ class HFServer:
             os.environ[get_visible_devices_keyword()] = cuda_visible_devices
         self.config = omega_conf_to_dataclass(config)
         prebuilt = self.__dict__.pop("_prebuilt", None)  # warm's HFModelConfig, for the same model section only
-        self.model_config_from_warm = prebuilt is not None and prebuilt[0] == _section_key(model_config)
+        key = _section_key(model_config) if prebuilt is not None else None
+        self.model_config_from_warm = key is not None and prebuilt[0] == key
         if self.model_config_from_warm:
             self.model_config = prebuilt[1]
         else:
