@@ -129,11 +129,14 @@ def main(argv: list[str] | None = None) -> int:
     torch.distributed.init_process_group("nccl", rank=0, world_size=1)
     torch.backends.cuda.matmul.allow_tf32 = False
     ids = torch.randint(0, SHAPE["vocab_size"], (args.rows, args.seq), device="cuda")
-    runs = [
-        variant("as torch does (upstream)", ids, before=""),
-        variant("flat parameters pinned beforehand", ids, before="prepin"),
-        variant("verl-compat: memory.offload_init=at_build (joined here)", ids, before="verl_compat"),
-    ]
+    runs = []
+    for name, before in (
+        ("as torch does (upstream)", ""),
+        ("verl-compat: memory.offload_init=at_build (joined here)", "verl_compat"),
+        ("flat parameters pinned beforehand", "prepin"),
+    ):
+        runs.append(variant(name, ids, before))
+        print(json.dumps(runs[-1]), flush=True)  # each as it ends: a run cut short still says what it measured
     numel = runs[0]["bytes"] // 4
     result = {
         "what": __doc__.split("\n\n")[0],
