@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 
+from verl_compat import offload_init
+
 SHAPE = dict(  # Qwen2.5-0.5B (benchmarks/ppo_job.py's QWEN25_05B)
     hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
     vocab_size=151936, max_position_embeddings=32768, tie_word_embeddings=True,
@@ -47,9 +49,7 @@ def build_wrapped() -> torch.nn.Module:
 
 
 def flat_params(module: torch.nn.Module) -> list[torch.Tensor]:
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-
-    return [m._handle.flat_param for m in FSDP.fsdp_modules(module) if m._handle is not None]
+    return [handle.flat_param for handle in offload_init.handles(module)]
 
 
 def timed_forward(module: torch.nn.Module, ids: torch.Tensor) -> float:
@@ -59,15 +59,6 @@ def timed_forward(module: torch.nn.Module, ids: torch.Tensor) -> float:
         module(input_ids=ids).logits.sum().item()
     torch.cuda.synchronize()
     return time.perf_counter() - t
-
-
-def _empty_host_cache() -> None:
-    """Give torch's cached pinned blocks back, so the next variant allocates afresh (the name moved between
-    torch releases)."""
-    for name in ("_accelerator_emptyHostCache", "_host_emptyCache"):
-        if hasattr(torch._C, name):
-            getattr(torch._C, name)()
-            return
 
 
 def host_allocations(numel: int) -> dict[str, float]:
@@ -81,7 +72,7 @@ def host_allocations(numel: int) -> dict[str, float]:
     grad = torch.zeros_like(src).pin_memory()
     zeros_s = time.perf_counter() - t
     del src, pinned, grad
-    _empty_host_cache()
+    offload_init.empty_host_cache()
     return {"pinned_copy_s": copy_s, "pinned_zeros_s": zeros_s}
 
 
@@ -99,8 +90,6 @@ def variant(name: str, ids: torch.Tensor, before: str) -> dict[str, Any]:
         for p in params:
             p.data = p.data.pin_memory()
     elif before == "verl_compat":  # the seam's own code: background init, then the wait a job has before the pass
-        from verl_compat import offload_init
-
         offload_init.start(module).join()
     out["before_forward_s"] = time.perf_counter() - t
     out["first_forward_s"] = timed_forward(module, ids)
@@ -112,7 +101,7 @@ def variant(name: str, ids: torch.Tensor, before: str) -> dict[str, Any]:
     out["pinned_host_bytes"] = _pinned_bytes()
     del module, params
     torch.cuda.empty_cache()
-    _empty_host_cache()
+    offload_init.empty_host_cache()
     return out
 
 

@@ -41,14 +41,14 @@ def _fsdp(offload: bool = True) -> FSDP:
 
 
 def _grad_bytes(module: FSDP) -> list[int]:
-    return [h.flat_param._cpu_grad.untyped_storage().size() for h in offload_init._handles(module)]
+    return [h.flat_param._cpu_grad.untyped_storage().size() for h in offload_init.handles(module)]
 
 
 def test_upstreams_lazy_init_allocates_a_gradient_the_forward_never_uses(one_rank):
     module = _fsdp()
     with torch.no_grad():
         module(torch.randn(2, 8))
-    flat = offload_init._handles(module)[0].flat_param
+    flat = offload_init.handles(module)[0].flat_param
     assert _grad_bytes(module) == [flat.numel() * 4]  # a model-size buffer for a backward that never comes
 
 

@@ -28,10 +28,11 @@ def offloaded_root(module: Any) -> bool:
 
     if not isinstance(module, FSDP) or getattr(module, "_is_root", None) is not None:
         return False
-    return any(handle._offload_params for handle in _handles(module))
+    return any(handle._offload_params for handle in handles(module))
 
 
-def _handles(module: Any) -> list[Any]:
+def handles(module: Any) -> list[Any]:
+    """The FSDP1 flat-parameter handles of ``module``'s units (before the lazy init too)."""
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
     return [m._handle for m in FSDP.fsdp_modules(module) if m._handle is not None]
@@ -42,18 +43,18 @@ def release_gradient_buffers(module: Any) -> int:
     from torch.distributed.utils import _free_storage
 
     freed = 0
-    for handle in _handles(module):
+    for handle in handles(module):
         grad = getattr(handle.flat_param, "_cpu_grad", None)
         if grad is not None and grad.untyped_storage().size() > 0:
             freed += grad.untyped_storage().size()
             _free_storage(grad)
     if freed and torch.cuda.is_available():  # pinned blocks exist only with an accelerator
-        _empty_host_cache()
+        empty_host_cache()
     return freed
 
 
-def _empty_host_cache() -> None:
-    # torch keeps freed pinned blocks cached for reuse; give them back (the name differs between releases)
+def empty_host_cache() -> None:
+    """Give torch's cached pinned host blocks back to the system (the function's name differs between releases)."""
     for name in ("_accelerator_emptyHostCache", "_host_emptyCache"):
         if hasattr(torch._C, name):
             getattr(torch._C, name)()
