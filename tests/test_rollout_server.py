@@ -159,10 +159,6 @@ def test_warm_model_config_taken_only_for_the_same_section(model_dir):
     broken.warm(OmegaConf.create({"path": str(model_dir / "missing")}))  # reported by configure, not by warm
     assert "_prebuilt" not in broken.__dict__
 
-    from verl_compat.rollout.server import _section_key
-
-    assert _section_key(OmegaConf.create({"path": "${oc.env:VERL_COMPAT_TEST_UNSET_VAR}"})) is None  # no reuse
-
 
 def test_tensor_parallel_rejected_by_server_and_adapter(model_config, monkeypatch):
     from verl_compat.rollout.adapter import HFServerAdapter

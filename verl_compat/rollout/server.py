@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from verl_compat.model_config_ahead import section_key
 from verl_compat.rollout import stats
 from verl_compat.rollout.engine import HFGenerationEngine, check_parallel_sizes
 from verl_compat.rollout.loading import eos_token_ids
@@ -53,19 +54,6 @@ def _engine_kwargs(config: Any) -> dict[str, Any]:
         "batch_window_s": float(hf_kwargs.get("batch_window_s", DEFAULT_BATCH_WINDOW_S)),
         **({"kv_cache_bytes": int(hf_kwargs["kv_cache_bytes"])} if "kv_cache_bytes" in hf_kwargs else {}),
     }
-
-
-def _section_key(model_config: Any) -> Any:
-    """A model section's content as plain data (None for an already built dataclass): what warm and configure
-    compare before configure takes warm's build."""
-    from omegaconf import DictConfig, OmegaConf
-
-    try:
-        if isinstance(model_config, DictConfig):
-            return OmegaConf.to_container(model_config, resolve=True)
-    except Exception:  # an interpolation that does not resolve here: configure builds its own
-        return None
-    return dict(model_config) if isinstance(model_config, dict) else None
 
 
 class HFServer:
@@ -107,7 +95,7 @@ class HFServer:
             os.environ[get_visible_devices_keyword()] = cuda_visible_devices
         self.config = omega_conf_to_dataclass(config)
         prebuilt = self.__dict__.pop("_prebuilt", None)  # warm's HFModelConfig, for the same model section only
-        key = _section_key(model_config) if prebuilt is not None else None
+        key = section_key(model_config) if prebuilt is not None else None
         self.model_config_from_warm = key is not None and prebuilt[0] == key
         if self.model_config_from_warm:
             self.model_config = prebuilt[1]
@@ -163,7 +151,7 @@ class HFServer:
         except Exception as exc:  # configure builds it again and reports the error where verl would
             logger.debug("hf rollout: warm could not build the model config (%s); configure will", exc)
             return
-        key = _section_key(model_config)
+        key = section_key(model_config)
         if key is not None:
             self._prebuilt = (key, built)
         if type(built.hf_config) in MODEL_FOR_CAUSAL_LM_MAPPING:
