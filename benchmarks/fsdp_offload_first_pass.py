@@ -81,6 +81,12 @@ def _pinned_bytes() -> int | None:
     return stats.get("allocated_bytes.current", stats.get("active_bytes.current"))
 
 
+def _rss_mib() -> float:
+    with open("/proc/self/status") as status:
+        kib = next(int(line.split()[1]) for line in status if line.startswith("VmRSS:"))
+    return round(kib / 1024, 1)
+
+
 def variant(name: str, ids: torch.Tensor, before: str) -> dict[str, Any]:
     module = build_wrapped()
     params = flat_params(module)
@@ -95,10 +101,11 @@ def variant(name: str, ids: torch.Tensor, before: str) -> dict[str, Any]:
     out["first_forward_s"] = timed_forward(module, ids)
     out["second_forward_s"] = timed_forward(module, ids)
     out["third_forward_s"] = timed_forward(module, ids)
-    out["cpu_grad_pinned_bytes"] = sum(
-        p._cpu_grad.untyped_storage().size() for p in params if getattr(p, "_cpu_grad", None) is not None
-    )
-    out["pinned_host_bytes"] = _pinned_bytes()
+    grads = [p._cpu_grad for p in params if getattr(p, "_cpu_grad", None) is not None]
+    out["cpu_grad_pinned_bytes"] = sum(g.untyped_storage().nbytes() for g in grads if g.is_pinned())
+    out["cpu_grad_unpinned_bytes"] = sum(g.untyped_storage().nbytes() for g in grads if not g.is_pinned())
+    out["pinned_host_bytes"] = _pinned_bytes()  # torch's pinned host allocator, cached blocks included
+    out["process_rss_mib"] = _rss_mib()  # what the host holds for this process: an unwritten buffer holds none
     del module, params
     torch.cuda.empty_cache()
     offload_init.empty_host_cache()

@@ -9,7 +9,6 @@ from test_rollout_server import make_tiny_model_dir
 from verl_compat import model_config_ahead
 from verl_compat.model_config_ahead import section_key, start_in_driver, trainer_model_config
 
-
 TARGET = "verl.workers.config.HFModelConfig"  # as in verl's packaged config: the trainer instantiates it
 
 

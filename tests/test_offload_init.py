@@ -3,7 +3,9 @@ forward waits for it and gives the same outputs, the unused pinned gradient is f
 forward; only where memory.offload_init says 'at_build' (below sm_80 on a GPU).
 
 On a CPU nothing can be pinned, so `Tensor.pin_memory` is replaced by a copy here: FSDP1's own lazy init then runs
-as on a GPU host (the pinned copy, the gradient buffer), which is what the background initialisation moves.
+as on a GPU host (the pinned copy, the gradient buffer), which is what the background initialisation moves. The copy
+is made through numpy so that, like pinned memory, its storage cannot be resized (freeing by resizing failed on the
+H100 host, in the planned P40 job's reference pass).
 """
 
 from __future__ import annotations
@@ -23,7 +25,10 @@ from verl_compat.policy import compose_ppo_config, decide
 
 @pytest.fixture(autouse=True)
 def pin_as_copy(monkeypatch):
-    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self, *a, **k: self.clone())
+    def pin(self, *args, **kwargs):
+        return torch.from_numpy(self.detach().numpy().copy())  # a fixed-size storage, as pinned memory's
+
+    monkeypatch.setattr(torch.Tensor, "pin_memory", pin)
 
 
 def _model() -> nn.Module:
@@ -40,8 +45,8 @@ def _fsdp(offload: bool = True) -> FSDP:
     )
 
 
-def _grad_bytes(module: FSDP) -> list[int]:
-    return [h.flat_param._cpu_grad.untyped_storage().size() for h in offload_init.handles(module)]
+def _grads(module: FSDP) -> list[torch.Tensor]:
+    return [h.flat_param._cpu_grad for h in offload_init.handles(module)]
 
 
 def test_upstreams_lazy_init_allocates_a_gradient_the_forward_never_uses(one_rank):
@@ -49,25 +54,41 @@ def test_upstreams_lazy_init_allocates_a_gradient_the_forward_never_uses(one_ran
     with torch.no_grad():
         module(torch.randn(2, 8))
     flat = offload_init.handles(module)[0].flat_param
-    assert _grad_bytes(module) == [flat.numel() * 4]  # a model-size buffer for a backward that never comes
+    grad = _grads(module)[0]
+    assert grad.numel() == flat.numel() and grad.sum() == 0  # a model-size buffer for a backward that never comes
+    with pytest.raises(RuntimeError, match="not resizable"):
+        grad.untyped_storage().resize_(0)  # as pinned memory
 
 
-def test_background_init_is_joined_by_the_first_forward_and_frees_the_gradient(one_rank):
+def test_background_init_is_joined_by_the_first_forward_and_frees_the_gradient(one_rank, monkeypatch):
     x = torch.randn(3, 8)
     with torch.no_grad():
         expected = _model()(x)
     module = _fsdp()
     assert offload_init.offloaded_root(module)
+    allocated = []
+    real_zeros_like = torch.zeros_like
+
+    def zeros_like(*args, **kwargs):
+        allocated.append(real_zeros_like(*args, **kwargs))
+        return allocated[-1]
+
+    monkeypatch.setattr(torch, "zeros_like", zeros_like)
     thread = offload_init.start(module)
     assert isinstance(thread, threading.Thread)
     with torch.no_grad():
         out = module(x)
     assert not thread.is_alive() and module._is_root is True
     torch.testing.assert_close(out, expected)
-    assert _grad_bytes(module) == [0]
+    (flat,) = [h.flat_param for h in offload_init.handles(module)]
+    (upstreams,) = allocated  # FSDP1's pinned zero gradient
+    (grad,) = _grads(module)
+    assert grad.untyped_storage().data_ptr() != upstreams.untyped_storage().data_ptr()  # not the pinned buffer
+    assert grad.numel() == flat.numel() and grad.device.type == "cpu" and not grad.is_pinned()
     assert not module._forward_pre_hooks  # the join hook removed itself
     with torch.no_grad():
         torch.testing.assert_close(module(x), expected)  # later forwards as upstream's
+    assert _grads(module)[0] is grad and len(allocated) == 1  # FSDP1 allocates no new buffer before a forward
     assert not offload_init.offloaded_root(module)  # initialised: nothing left to start
 
 

@@ -8,7 +8,7 @@ never uses. For Qwen2.5-0.5B in fp32 that is two 1.98 GB pinned host allocations
 
 Where ``memory.offload_init`` says 'at_build' (below sm_80 on a GPU: the plan streams the reference from host
 memory there), the lazy initialisation runs in a background thread right after the wrap, the module's first
-forward waits for it, and the unused gradient buffers are freed and given back to the host.
+forward waits for it, and the unused pinned gradient buffers are given back to the host.
 """
 
 from __future__ import annotations
@@ -39,16 +39,19 @@ def handles(module: Any) -> list[Any]:
 
 
 def release_gradient_buffers(module: Any) -> int:
-    """Free the pinned host gradient of every offloaded unit of a forward-only module; returns the bytes freed."""
-    from torch.distributed.utils import _free_storage
+    """Give back the pinned host gradient of every offloaded unit of a forward-only module; returns its bytes.
 
+    Pinned storage cannot be resized in place, and FSDP1 allocates the buffer again before each forward when it is
+    None, so each is replaced by an unpinned buffer of the same size: its pages are never written by a model that
+    runs no backward, so the host holds no memory for it, and a backward would still find a buffer to write to."""
     freed = 0
     for handle in handles(module):
         grad = getattr(handle.flat_param, "_cpu_grad", None)
-        if grad is not None and grad.untyped_storage().size() > 0:
-            freed += grad.untyped_storage().size()
-            _free_storage(grad)
-    if freed and torch.cuda.is_available():  # pinned blocks exist only with an accelerator
+        if grad is None or grad.untyped_storage().nbytes() == 0:
+            continue
+        freed += grad.untyped_storage().nbytes()
+        handle.flat_param._cpu_grad = torch.empty_like(grad, device="cpu", pin_memory=False)
+    if freed and torch.cuda.is_available():  # the pinned blocks go back to torch's host cache first
         empty_host_cache()
     return freed
 
