@@ -80,11 +80,12 @@ def test_background_init_is_joined_by_the_first_forward_and_frees_the_gradient(o
         out = module(x)
     assert not thread.is_alive() and module._is_root is True
     torch.testing.assert_close(out, expected)
-    (flat,) = [h.flat_param for h in offload_init.handles(module)]
     (upstreams,) = allocated  # FSDP1's pinned zero gradient
     (grad,) = _grads(module)
     assert grad.untyped_storage().data_ptr() != upstreams.untyped_storage().data_ptr()  # not the pinned buffer
-    assert grad.numel() == flat.numel() and grad.device.type == "cpu" and not grad.is_pinned()
+    assert grad.shape == upstreams.shape == offload_init.handles(module)[0].flat_param.shape
+    assert grad.dtype == upstreams.dtype and grad.device.type == "cpu"
+    assert not grad.is_pinned() and torch.count_nonzero(grad) == 0  # upstream's zeros, unpinned
     assert not module._forward_pre_hooks  # the join hook removed itself
     with torch.no_grad():
         torch.testing.assert_close(module(x), expected)  # later forwards as upstream's
@@ -123,3 +124,18 @@ def test_the_seam_starts_it_below_sm80_on_a_gpu_for_forward_only_models(one_rank
     assert started == ([module] if runs else [])
     decisions, _ = decide(compose_ppo_config([]), get_profile(profile), [])  # the doctor's record says the same
     assert decisions["memory.offload_init"].value == ("at_build" if runs else "first_forward")
+
+
+def test_the_replacement_zeros_hold_no_host_memory_until_written():
+    """The claim behind the replacement: a model-size buffer of zeros that the host commits only when written."""
+
+    def rss_mib() -> int:
+        with open("/proc/self/status") as status:
+            return next(int(line.split()[1]) for line in status if line.startswith("VmRSS:")) // 1024
+
+    before = rss_mib()
+    zeros = offload_init._zeros_committed_when_written(torch.empty((256, 1024, 1024), device="meta"))  # 1 GiB
+    assert zeros.shape == (256, 1024, 1024) and zeros.dtype == torch.float32
+    assert rss_mib() - before < 64  # not 1024
+    zeros[0].fill_(1.0)  # written pages are committed as usual
+    assert rss_mib() - before >= 4 and zeros[0].sum() == 1024 * 1024 and zeros[1].sum() == 0

@@ -42,18 +42,26 @@ def release_gradient_buffers(module: Any) -> int:
     """Give back the pinned host gradient of every offloaded unit of a forward-only module; returns its bytes.
 
     Pinned storage cannot be resized in place, and FSDP1 allocates the buffer again before each forward when it is
-    None, so each is replaced by an unpinned buffer of the same size: its pages are never written by a model that
-    runs no backward, so the host holds no memory for it, and a backward would still find a buffer to write to."""
+    None, so each is replaced by unpinned zeros of the same size whose pages the system commits only when written:
+    a model that runs no backward never writes them, and a backward would still find its zero buffer."""
     freed = 0
     for handle in handles(module):
         grad = getattr(handle.flat_param, "_cpu_grad", None)
         if grad is None or grad.untyped_storage().nbytes() == 0:
             continue
         freed += grad.untyped_storage().nbytes()
-        handle.flat_param._cpu_grad = torch.empty_like(grad, device="cpu", pin_memory=False)
+        handle.flat_param._cpu_grad = _zeros_committed_when_written(grad)
     if freed and torch.cuda.is_available():  # the pinned blocks go back to torch's host cache first
         empty_host_cache()
     return freed
+
+
+def _zeros_committed_when_written(like: torch.Tensor) -> torch.Tensor:
+    """Host zeros shaped as ``like`` from calloc (numpy's zeros): large blocks are fresh zero pages, not filled."""
+    import numpy as np
+
+    raw = torch.from_numpy(np.zeros(like.numel() * like.element_size(), dtype=np.uint8))
+    return raw.view(like.dtype).view(like.shape)
 
 
 def empty_host_cache() -> None:
