@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from typing import Any
 
 logger = logging.getLogger("verl_compat.model_config_ahead")
@@ -43,30 +44,40 @@ def build(section: Any) -> Any:
 
 
 class Ahead:
-    """One build of a section's ``HFModelConfig`` started now in a daemon thread; ``take`` hands it over once."""
+    """One build of a section's ``HFModelConfig``, started now (in a daemon thread, or here with
+    ``in_thread=False``) with ``build`` (its call site's conversion); ``take`` hands it over once."""
 
-    def __init__(self, section: Any) -> None:
+    def __init__(self, section: Any, build: Callable[[Any], Any] = build, in_thread: bool = True) -> None:
         self.key = section_key(section)
         self._built: Any = None
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, args=(section,), name="verl-compat-model-config", daemon=True)
-        self._thread.start()
+        self._error: Exception | None = None
+        self._thread = threading.Thread(
+            target=self._run, args=(section, build), name="verl-compat-model-config", daemon=True
+        )
+        if in_thread:
+            self._thread.start()
+        else:
+            self._run(section, build)
 
-    def _run(self, section: Any) -> None:
+    def _run(self, section: Any, build: Callable[[Any], Any]) -> None:
         try:
             self._built = build(section)
-        except BaseException as exc:  # the call site builds again and raises it where verl would
+        except Exception as exc:  # the call site builds again and raises it where verl would
             self._error = exc
+
+    def result(self) -> Any | None:
+        """The build once it has ended; None where it failed."""
+        if self._thread.ident is not None:
+            self._thread.join()
+        if self._error is not None:
+            logger.debug("the model config built ahead failed (%s); its call site builds it again", self._error)
+        return self._built
 
     def take(self, section: Any) -> Any | None:
         """The build, when ``section`` equals the one it was started for and it succeeded; else None."""
         if self.key is None or section_key(section) != self.key:
             return None
-        self._thread.join()
-        if self._error is not None:
-            logger.debug("the model config built ahead failed (%s); building it again in place", self._error)
-            return None
-        built, self._built = self._built, None
+        built, self._built = self.result(), None
         return built
 
 

@@ -11,11 +11,12 @@ import asyncio
 import logging
 import os
 import time
+from functools import partial
 from typing import Any
 
 import torch
 
-from verl_compat.model_config_ahead import section_key
+from verl_compat.model_config_ahead import Ahead
 from verl_compat.rollout import stats
 from verl_compat.rollout.engine import HFGenerationEngine, check_parallel_sizes
 from verl_compat.rollout.loading import eos_token_ids
@@ -95,12 +96,11 @@ class HFServer:
             os.environ[get_visible_devices_keyword()] = cuda_visible_devices
         self.config = omega_conf_to_dataclass(config)
         prebuilt = self.__dict__.pop("_prebuilt", None)  # warm's HFModelConfig, for the same model section only
-        key = section_key(model_config) if prebuilt is not None else None
-        self.model_config_from_warm = key is not None and prebuilt[0] == key
-        if self.model_config_from_warm:
-            self.model_config = prebuilt[1]
-        else:
-            self.model_config = omega_conf_to_dataclass(model_config, dataclass_type=HFModelConfig)
+        built = prebuilt.take(model_config) if prebuilt is not None else None
+        self.model_config_from_warm = built is not None
+        if built is None:
+            built = omega_conf_to_dataclass(model_config, dataclass_type=HFModelConfig)
+        self.model_config = built
         check_parallel_sizes(
             self.config.tensor_model_parallel_size,
             self.config.data_parallel_size,
@@ -146,14 +146,12 @@ class HFServer:
         from verl.utils.config import omega_conf_to_dataclass
         from verl.workers.config import HFModelConfig
 
-        try:
-            built = omega_conf_to_dataclass(model_config, dataclass_type=HFModelConfig)
-        except Exception as exc:  # configure builds it again and reports the error where verl would
-            logger.debug("hf rollout: warm could not build the model config (%s); configure will", exc)
+        ahead = Ahead(model_config, partial(omega_conf_to_dataclass, dataclass_type=HFModelConfig), in_thread=False)
+        built = ahead.result()
+        if built is None:  # configure builds it again and reports the error where verl would
             return
-        key = section_key(model_config)
-        if key is not None:
-            self._prebuilt = (key, built)
+        if ahead.key is not None:
+            self._prebuilt = ahead
         if type(built.hf_config) in MODEL_FOR_CAUSAL_LM_MAPPING:
             MODEL_FOR_CAUSAL_LM_MAPPING[type(built.hf_config)]  # imports the modeling module
 
