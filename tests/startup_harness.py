@@ -98,7 +98,7 @@ def run_main(
     # From here on the driver builds the trainer's model config in a thread during ray.init (verl_compat.
     # model_config_ahead, tests/test_model_config_ahead.py); these runs end at ray.init, so it is not started: a
     # thread left running would load the tokenizer during the next run.
-    monkeypatch.setattr(verl_compat.seams, "before_ray_init", lambda config: None)
+    monkeypatch.setattr(verl_compat.seams, "before_ray_init", lambda config, task_runner_class: None)
     monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", classmethod(record_config))
     for name in ("AutoTokenizer", "AutoModelForCausalLM", "AutoProcessor", "PreTrainedModel"):
         monkeypatch.setattr(getattr(transformers, name), "from_pretrained", recorder(name))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import ray
 from omegaconf import OmegaConf
 from test_rollout_server import make_tiny_model_dir
 
@@ -10,6 +11,14 @@ from verl_compat import model_config_ahead
 from verl_compat.model_config_ahead import section_key, start_in_driver, trainer_model_config
 
 TARGET = "verl.workers.config.HFModelConfig"  # as in verl's packaged config: the trainer instantiates it
+
+
+@pytest.fixture(scope="module")
+def runner():
+    """verl's own TaskRunner class, the one run in the driver (verl_compat.task_runner)."""
+    from verl.trainer.main_ppo import TaskRunnerV1
+
+    return TaskRunnerV1
 
 
 @pytest.fixture(scope="module")
@@ -36,9 +45,9 @@ def no_leftover_build():
     model_config_ahead._DRIVER = None
 
 
-def test_driver_build_taken_by_the_trainer_for_the_same_section(model_dir):
+def test_driver_build_taken_by_the_trainer_for_the_same_section(model_dir, runner):
     job = _job(model_dir)
-    assert start_in_driver(job)
+    assert start_in_driver(job, runner)
     ahead = model_config_ahead._DRIVER
     ahead._thread.join()
     early = ahead._built
@@ -51,9 +60,9 @@ def test_driver_build_taken_by_the_trainer_for_the_same_section(model_dir):
     assert trainer_model_config(job.actor_rollout_ref.model) is not early
 
 
-def test_changed_section_is_built_again(model_dir):
+def test_changed_section_is_built_again(model_dir, runner):
     job = _job(model_dir)
-    assert start_in_driver(job)
+    assert start_in_driver(job, runner)
     early = model_config_ahead._DRIVER
     changed = _job(model_dir, use_shm=False).actor_rollout_ref.model
     taken = trainer_model_config(changed)
@@ -62,9 +71,9 @@ def test_changed_section_is_built_again(model_dir):
     assert taken.local_path == str(model_dir)
 
 
-def test_failed_early_build_raises_where_verl_builds(model_dir):
+def test_failed_early_build_raises_where_verl_builds(model_dir, runner):
     job = _job(model_dir / "missing")
-    assert start_in_driver(job)  # the thread's failure is kept, not raised
+    assert start_in_driver(job, runner)  # the thread's failure is kept, not raised
     model_config_ahead._DRIVER._thread.join()
     assert model_config_ahead._DRIVER._error is not None
     with pytest.raises(Exception) as raised:
@@ -72,11 +81,16 @@ def test_failed_early_build_raises_where_verl_builds(model_dir):
     assert "missing" in str(raised.value)
 
 
-def test_only_where_the_trainer_runs_in_the_driver(model_dir):
-    assert not start_in_driver(_job(model_dir, engine="vllm"))
+def test_only_where_the_trainer_runs_in_the_driver(model_dir, runner):
+    assert not start_in_driver(_job(model_dir, engine="vllm"), runner)
     off = _job(model_dir)
     off.actor_rollout_ref.rollout.engine_kwargs = {"hf": {"prestart": False}}
-    assert not start_in_driver(off)
+    assert not start_in_driver(off, runner)
+
+    class RecipeRunner(runner.__ray_actor_class__):  # a recipe's TaskRunner runs as a Ray actor, builds its own
+        pass
+
+    assert not start_in_driver(_job(model_dir), ray.remote(RecipeRunner))
     assert model_config_ahead._DRIVER is None
 
 

@@ -84,14 +84,15 @@ class Ahead:
 _DRIVER: Ahead | None = None
 
 
-def start_in_driver(config: Any) -> bool:
+def start_in_driver(config: Any, runner_class: Any) -> bool:
     """Driver, before ``ray.init``: start building the trainer's model config where verl's TaskRunner will run in
-    this process (the early start-up's condition; verl_compat.rollout.prestart.server_names)."""
+    this process (verl_compat.task_runner; a recipe's runner class runs as an actor and builds its own)."""
     global _DRIVER
-    from verl_compat.rollout.prestart import get_key, server_names
+    from verl_compat.rollout.prestart import get_key
+    from verl_compat.task_runner import will_run_in_driver
 
     section = get_key(config, "actor_rollout_ref.model")
-    if section is None or not server_names(config):
+    if section is None or not will_run_in_driver(config, runner_class):
         return False
     _DRIVER = Ahead(section)
     return True

@@ -103,13 +103,13 @@ def resolve_config(config: Any) -> dict[str, Decision]:
     return decisions
 
 
-def before_ray_init(config: Any) -> None:
+def before_ray_init(config: Any, task_runner_class: Any) -> None:
     """Driver seam (main_ppo.run_ppo, before ``ray.init``): start what can go on while ``ray.init`` waits for Ray's
-    processes: the trainer's model config, where verl's TaskRunner will run in this process
+    processes: the trainer's model config, where ``task_runner_class`` will run in this process
     (verl_compat.model_config_ahead)."""
     from verl_compat.model_config_ahead import start_in_driver
 
-    start_in_driver(config)
+    start_in_driver(config, task_runner_class)
 
 
 def trainer_model_config(section: Any) -> Any:
