@@ -72,7 +72,6 @@ def run_main(
     from hydra.core.global_hydra import GlobalHydra
 
     import verl.trainer.main_ppo as main_ppo
-    import verl_compat.seams
 
     reached: list[str] = []
 
@@ -95,10 +94,6 @@ def run_main(
         return read_config(cls, path, *a, **k)
 
     monkeypatch.setattr(ray, "init", record_ray)
-    # From here on the driver builds the trainer's model config in a thread during ray.init (verl_compat.
-    # model_config_ahead, tests/test_model_config_ahead.py); these runs end at ray.init, so it is not started: a
-    # thread left running would load the tokenizer during the next run.
-    monkeypatch.setattr(verl_compat.seams, "before_ray_init", lambda config, task_runner_class: None)
     monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", classmethod(record_config))
     for name in ("AutoTokenizer", "AutoModelForCausalLM", "AutoProcessor", "PreTrainedModel"):
         monkeypatch.setattr(getattr(transformers, name), "from_pretrained", recorder(name))

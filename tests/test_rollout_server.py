@@ -143,13 +143,13 @@ def test_warm_model_config_taken_only_for_the_same_section(model_dir):
     section = OmegaConf.create({"path": str(model_dir), "trust_remote_code": False})
     server = HFServer()
     server.warm(section)
-    warm_built = server._prebuilt.result()
+    warm_built = server._prebuilt.value
     server.configure(rollout_config(), OmegaConf.create({"path": str(model_dir), "trust_remote_code": False}))
     assert server.model_config_from_warm and server.model_config is warm_built
 
     other = HFServer()
     other.warm(section)
-    other_built = other._prebuilt.result()
+    other_built = other._prebuilt.value
     changed = OmegaConf.create({"path": str(model_dir), "trust_remote_code": False, "use_shm": False})
     other.configure(rollout_config(), changed)  # the driver's section changed after prestart: built again
     assert not other.model_config_from_warm and other.model_config is not other_built

@@ -13,7 +13,7 @@ import ray
 from omegaconf import OmegaConf
 
 from verl_compat import task_runner
-from verl_compat.task_runner import VERL_RUNNER, class_path, job_env_vars, runner_class, will_run_in_driver
+from verl_compat.task_runner import VERL_RUNNER, class_path, job_env_vars, runner_class
 
 
 class Runner:
@@ -111,18 +111,3 @@ def test_run_in_the_driver_raises_the_runners_own_error(local_ray, monkeypatch):
     monkeypatch.setattr(task_runner, "VERL_RUNNER", class_path(remote))
     with pytest.raises(ValueError, match="data.train_files"):
         runner_class(_config(), remote).remote().run.remote(_config())
-
-
-def test_before_ray_init_the_same_answer_from_the_config(monkeypatch):
-    """The driver's early build (verl_compat.model_config_ahead) asks before ``ray.init``; the runtime environment
-    then comes from the config."""
-    monkeypatch.setattr(ray, "is_initialized", lambda: False)
-    monkeypatch.setattr(task_runner, "VERL_RUNNER", class_path(RemoteRunner))
-    assert will_run_in_driver(_config(), RemoteRunner)
-    variables = {"ray_kwargs": {"ray_init": {"runtime_env": {"env_vars": {"A": "1"}, "working_dir": None}}}}
-    assert will_run_in_driver(_config(**variables), RemoteRunner)
-    source_tree = {"ray_kwargs": {"ray_init": {"runtime_env": {"working_dir": "/src"}}}}
-    assert not will_run_in_driver(_config(**source_tree), RemoteRunner)
-    assert not will_run_in_driver(_config(actor_rollout_ref={"rollout": {"name": "vllm"}}), RemoteRunner)
-    monkeypatch.setattr(task_runner, "VERL_RUNNER", VERL_RUNNER)  # a recipe's own runner class
-    assert not will_run_in_driver(_config(), RemoteRunner)

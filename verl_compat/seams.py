@@ -103,23 +103,6 @@ def resolve_config(config: Any) -> dict[str, Decision]:
     return decisions
 
 
-def before_ray_init(config: Any, task_runner_class: Any) -> None:
-    """Driver seam (main_ppo.run_ppo, before ``ray.init``): start what can go on while ``ray.init`` waits for Ray's
-    processes: the trainer's model config, where ``task_runner_class`` will run in this process
-    (verl_compat.model_config_ahead)."""
-    from verl_compat.model_config_ahead import start_in_driver
-
-    start_in_driver(config, task_runner_class)
-
-
-def trainer_model_config(section: Any) -> Any:
-    """Trainer seam (trainer_base ``_init_tokenizer``): verl's ``HFModelConfig`` of the actor's model section, the
-    one the driver built during ``ray.init`` when it is for this section."""
-    from verl_compat.model_config_ahead import trainer_model_config as built
-
-    return built(section)
-
-
 def prestart(config: Any) -> None:
     """Driver seam (main_ppo.run_ppo, after ray.init): start the processes the job will need whose imports can
     overlap the trainer's start-up: TransferQueue's controller and storage (verl_compat.tq_prestart), the `hf`

@@ -27,7 +27,7 @@ import sys
 from typing import Any
 
 from verl_compat.helper_prestart import plain_class
-from verl_compat.rollout.prestart import get_key, server_names
+from verl_compat.rollout.prestart import server_names
 
 logger = logging.getLogger("verl_compat.task_runner")
 
@@ -56,24 +56,10 @@ def class_path(cls: Any) -> str:
     return f"{module}.{plain.__qualname__}"
 
 
-def _verl_runner_on_early_path(config: Any, cls: Any) -> bool:
-    return class_path(cls) == VERL_RUNNER and bool(server_names(config))
-
-
 def in_driver(config: Any, cls: Any) -> bool:
-    return _verl_runner_on_early_path(config, cls) and job_env_vars() is not None
-
-
-def will_run_in_driver(config: Any, cls: Any) -> bool:
-    """``in_driver``'s answer before ``ray.init``, the job's runtime environment read from the config
-    (``ray_kwargs.ray_init.runtime_env``, over verl's variables) instead of from Ray."""
-    import ray
-
-    if ray.is_initialized():
-        return in_driver(config, cls)
-    env = get_key(config, "ray_kwargs.ray_init.runtime_env") or {}
-    only_variables = all(value is None for key, value in dict(env).items() if key != "env_vars")
-    return _verl_runner_on_early_path(config, cls) and only_variables
+    if class_path(cls) != VERL_RUNNER or not server_names(config):
+        return False
+    return job_env_vars() is not None
 
 
 def runner_class(config: Any, cls: Any) -> Any:

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from verl_compat.model_config_ahead import Ahead
+from verl_compat.model_config_prebuilt import Prebuilt
 from verl_compat.rollout import stats
 from verl_compat.rollout.engine import HFGenerationEngine, check_parallel_sizes
 from verl_compat.rollout.loading import eos_token_ids
@@ -146,12 +146,12 @@ class HFServer:
         from verl.utils.config import omega_conf_to_dataclass
         from verl.workers.config import HFModelConfig
 
-        ahead = Ahead(model_config, partial(omega_conf_to_dataclass, dataclass_type=HFModelConfig), in_thread=False)
-        built = ahead.result()
+        prebuilt = Prebuilt(model_config, partial(omega_conf_to_dataclass, dataclass_type=HFModelConfig))
+        built = prebuilt.value
         if built is None:  # configure builds it again and reports the error where verl would
             return
-        if ahead.key is not None:
-            self._prebuilt = ahead
+        if prebuilt.key is not None:
+            self._prebuilt = prebuilt
         if type(built.hf_config) in MODEL_FOR_CAUSAL_LM_MAPPING:
             MODEL_FOR_CAUSAL_LM_MAPPING[type(built.hf_config)]  # imports the modeling module
 
