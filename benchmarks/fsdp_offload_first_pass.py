@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import gc
 import json
 import os
 import time
@@ -88,6 +89,7 @@ def _rss_mib() -> float:
 
 
 def variant(name: str, ids: torch.Tensor, before: str) -> dict[str, Any]:
+    rss_at_start, pinned_at_start = _rss_mib(), _pinned_bytes() or 0
     module = build_wrapped()
     params = flat_params(module)
     out: dict[str, Any] = {"variant": name, "units": len(params), "bytes": sum(p.numel() * 4 for p in params)}
@@ -106,7 +108,11 @@ def variant(name: str, ids: torch.Tensor, before: str) -> dict[str, Any]:
     out["cpu_grad_unpinned_bytes"] = sum(g.untyped_storage().nbytes() for g in grads if not g.is_pinned())
     out["pinned_host_bytes"] = _pinned_bytes()  # torch's pinned host allocator, cached blocks included
     out["process_rss_mib"] = _rss_mib()  # what the host holds for this process: an unwritten buffer holds none
-    del module, params
+    # this variant's own share (the model's host copy, its pinned buffers): variants run in turn in one process
+    out["pinned_host_bytes_added"] = (out["pinned_host_bytes"] or 0) - pinned_at_start
+    out["process_rss_mib_added"] = round(out["process_rss_mib"] - rss_at_start, 1)
+    del module, params, grads
+    gc.collect()  # FSDP's modules hold reference cycles: freed here, not at the next variant's build
     torch.cuda.empty_cache()
     offload_init.empty_host_cache()
     return out
