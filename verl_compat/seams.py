@@ -403,3 +403,12 @@ def optimizer_state_for_step(engine: Any) -> None:
     from verl_compat.optimizer_state import bring_for_step
 
     bring_for_step(engine, get_device_name())
+
+
+def hf_processor(name_or_path: Any, **kwargs: Any) -> Any:
+    """HFModelConfig's processor (verl/workers/config/model.py): verl's ``hf_processor``, without its second load of
+    a text-only model's tokenizer (verl_compat.text_only_processor); the same answer on every device."""
+    from verl.utils import hf_processor as upstream
+    from verl_compat.text_only_processor import hf_processor as processor
+
+    return processor(upstream, name_or_path, **kwargs)
