@@ -5,7 +5,7 @@ Why: building it loads the tokenizer, the processor, the generation config and t
 rollout server's ``configure`` on the H100 host, on the start-up's critical path). The prestarted rollout server
 builds it in its warm-up from the driver's model section (``HFServer.warm``) and ``configure`` takes it.
 
-Where not: the driver building the trainer's in a thread during ``ray.init`` (patch 0025 until 2026-12-07) saved
+Where not: the driver building the trainer's in a thread during ``ray.init`` (removed 2026-12-07) saved
 3.3 s on a 2-core CPU, but on the H100 host the thread held the interpreter lock that ``ray.init`` needs, which
 then took 7.45 and 7.64 s against 3.24 and 3.51 s, for 2.2-2.6 s saved later: a net loss, so it was removed
 (``benchmarks/results/p40_h100_ppo_planned_4cea77f_vs_b8a240e.json``, ``raw.startup_trace``).
