@@ -24,6 +24,21 @@ def model_copy(text_model, tmp_path):
     return shutil.copytree(text_model, tmp_path / "model")
 
 
+@pytest.fixture
+def tokenizer_loads(monkeypatch):
+    """The paths AutoTokenizer.from_pretrained is called with, in order."""
+    import transformers
+
+    loads = []
+    real = transformers.AutoTokenizer.from_pretrained.__func__
+    monkeypatch.setattr(
+        transformers.AutoTokenizer,
+        "from_pretrained",
+        classmethod(lambda cls, *a, **k: loads.append(a) or real(cls, *a, **k)),
+    )
+    return loads
+
+
 def _upstream_called(path, **kwargs):
     calls = []
 
@@ -34,41 +49,25 @@ def _upstream_called(path, **kwargs):
     return hf_processor(upstream, path, **kwargs), calls
 
 
-def test_text_only_folder_answers_like_verl_without_a_tokenizer_load(text_model, monkeypatch):
-    import transformers
-
+def test_text_only_folder_answers_like_verl_without_a_tokenizer_load(text_model, tokenizer_loads):
     from verl.utils import hf_processor as verls
 
     assert verls(str(text_model)) is None  # upstream: AutoProcessor falls back to the tokenizer, verl drops it
-    loads = []
-    real = transformers.AutoTokenizer.from_pretrained.__func__
-    monkeypatch.setattr(
-        transformers.AutoTokenizer,
-        "from_pretrained",
-        classmethod(lambda cls, *a, **k: loads.append(a) or real(cls, *a, **k)),
-    )
+    assert len(tokenizer_loads) == 1
     assert is_text_only(str(text_model))
     assert verl_compat.seams.hf_processor(str(text_model), trust_remote_code=False) is None
-    assert loads == []
+    assert len(tokenizer_loads) == 1  # no load of ours
 
 
-def test_verls_model_config_loads_the_tokenizer_once(text_model, monkeypatch):
-    import transformers
+def test_verls_model_config_loads_the_tokenizer_once(text_model, tokenizer_loads):
     from omegaconf import OmegaConf
 
     from verl.utils.config import omega_conf_to_dataclass
 
-    loads = []
-    real = transformers.AutoTokenizer.from_pretrained.__func__
-    monkeypatch.setattr(
-        transformers.AutoTokenizer,
-        "from_pretrained",
-        classmethod(lambda cls, *a, **k: loads.append(a) or real(cls, *a, **k)),
-    )
     section = OmegaConf.create({"_target_": "verl.workers.config.HFModelConfig", "path": str(text_model)})
     built = omega_conf_to_dataclass(section)
     assert built.tokenizer is not None and built.processor is None
-    assert len(loads) == 1  # upstream: 2 (hf_tokenizer, then AutoProcessor's fallback)
+    assert len(tokenizer_loads) == 1  # upstream: 2 (hf_tokenizer, then AutoProcessor's fallback)
 
 
 @pytest.mark.parametrize("name", PROCESSING_FILES)
