@@ -22,15 +22,17 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+import transformers.utils as transformers_utils
+
 logger = logging.getLogger("verl_compat.text_only_processor")
 
-# transformers' file names (transformers.utils: PROCESSOR_NAME, FEATURE_EXTRACTOR_NAME, IMAGE_PROCESSOR_NAME,
-# VIDEO_PROCESSOR_NAME); any of them present sends the call to upstream
+# The files AutoProcessor looks for (its processor, image/feature-extractor and video configs), and a processor's
+# saved chat template; any of them present sends the call to upstream
 PROCESSING_FILES = (
-    "processor_config.json",
-    "preprocessor_config.json",
-    "video_preprocessor_config.json",
-    "chat_template.json",  # saved by a processor's save_pretrained
+    transformers_utils.PROCESSOR_NAME,
+    transformers_utils.FEATURE_EXTRACTOR_NAME,  # also IMAGE_PROCESSOR_NAME
+    transformers_utils.VIDEO_PROCESSOR_NAME,
+    transformers_utils.LEGACY_PROCESSOR_CHAT_TEMPLATE_FILE,
 )
 
 

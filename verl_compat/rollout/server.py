@@ -150,8 +150,7 @@ class HFServer:
         built = prebuilt.value
         if built is None:  # configure builds it again and reports the error where verl would
             return
-        if prebuilt.key is not None:
-            self._prebuilt = prebuilt
+        self._prebuilt = prebuilt  # taken by configure only for an equal section (Prebuilt.take)
         if type(built.hf_config) in MODEL_FOR_CAUSAL_LM_MAPPING:
             MODEL_FOR_CAUSAL_LM_MAPPING[type(built.hf_config)]  # imports the modeling module
 
