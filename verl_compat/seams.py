@@ -125,6 +125,15 @@ def task_runner(config: Any, cls: Any) -> Any:
     return runner_class(config, cls)
 
 
+def master_addr_port(task: Any, placement_group: Any, bundle_index: int, master_port_range: Any) -> tuple[str, str]:
+    """single_controller/ray/base.py RayWorkerGroup._get_master_addr_port: the worker group's master address and
+    port, from the driver's process on a one-node cluster instead of a fresh Ray process (verl_compat.master_addr);
+    verl's task elsewhere. The same answer on every device."""
+    from verl_compat.master_addr import master_addr_port as resolve
+
+    return resolve(task, placement_group, bundle_index, master_port_range)
+
+
 def helper_worker_class(kind: str, cls: Any, index: int) -> Any:
     """Where verl creates a helper process: the agent- and reward-loop managers' worker ``index`` (agent_loop.py and
     reward_loop.py; kind "agent" or "reward") and the servers' request router (router.py; "balancer", index 0): the
