@@ -18,7 +18,16 @@ class FakeWorker:
         self.args = (config, index, tag)
 
     async def generate_sequences(self, batch):
-        return {"args": self.args, "batch": batch, "pid": os.getpid()}
+        nice = os.getpriority(os.PRIO_PROCESS, 0)  # this thread's: where verl's worker runs
+        return {"args": self.args, "batch": batch, "pid": os.getpid(), "nice": nice}
+
+
+@ray.remote
+class PlainActor:
+    """An async Ray actor as Ray starts any: its event-loop thread's priority."""
+
+    async def nice(self):
+        return os.getpriority(os.PRIO_PROCESS, 0)
 
 
 @ray.remote

@@ -12,7 +12,7 @@ import pytest
 import ray
 from omegaconf import OmegaConf
 
-from tests.helper_fakes import FakeWorker, OtherWorker
+from tests.helper_fakes import FakeWorker, OtherWorker, PlainActor
 from verl_compat import helper_prestart
 from verl_compat.helper_prestart import KINDS, count, worker_class
 
@@ -82,6 +82,31 @@ async def test_prestarted_processes_become_the_managers_workers(local_ray):
         ray.get_actor("agent_loop_worker_0_abc")  # nothing was created under the manager's own name
     assert worker_class("agent", FakeWorker, 0, kinds=FAKES) is FakeWorker  # a second creation: upstream's
     _clear()
+
+
+async def test_a_host_runs_below_the_jobs_other_processes(local_ray):
+    """The trainer worker's start-up is the critical path; the hosts' imports and work yield the CPU to it."""
+    _clear()
+    helper_prestart.start(_config(agents=1), kinds=FAKES)
+    await ray.get_actor(NAME.format(0)).warm.remote(FAKES["agent"].worker)
+    handle = worker_class("agent", FakeWorker, 0, kinds=FAKES).options().remote("cfg", 0)
+    out = await handle.generate_sequences.remote({})
+    plain = PlainActor.remote()
+    base = await plain.nice.remote()
+    assert out["nice"] == min(19, base + helper_prestart.HELPER_NICE) and out["nice"] > base
+    ray.kill(plain)
+    _clear(1)
+
+
+def test_the_hosts_module_imports_no_torch():
+    """Ray imports the host's module before ``warm`` lowers its priority: torch, transformers and verl come after."""
+    import subprocess
+    import sys
+
+    heavy = "{'torch', 'transformers', 'verl'}"
+    probe = f"import sys, verl_compat.helper_prestart; print(sorted({heavy} & set(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
 
 
 async def test_another_worker_class_is_created_as_upstream_does(local_ray):

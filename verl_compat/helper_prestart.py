@@ -28,6 +28,7 @@ import asyncio
 import importlib
 import inspect
 import logging
+import os
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +37,23 @@ from verl_compat.resolvers.helpers import HELPERS
 from verl_compat.rollout.prestart import get_key, server_names
 
 logger = logging.getLogger("verl_compat.helper_prestart")
+
+
+HELPER_NICE = 10  # a prestarted helper's CPU priority below the job's other processes (Unix nice steps)
+
+
+def lower_priority() -> None:
+    """This thread (an async host's event loop: ``warm``'s imports, then verl's worker built and run in it, and the
+    threads it starts) yields the CPU to the job's other processes. The hosts import torch, transformers and verl
+    from the moment ``ray.init`` returns, when the trainer worker does the same on the start-up's critical path; its
+    imports ended only 2-7 s after the ten hosts' on the H100 host, and taking 2 s off the start of the trainer
+    worker left its model builds starting no sooner (``docs/measurements.md``, patch 0026). The hosts are needed at
+    step 1 and do little then (requests, a rule-based score), so where the CPUs are shared they can wait; where
+    they are not, niceness changes nothing."""
+    try:
+        os.nice(HELPER_NICE)
+    except (AttributeError, OSError):  # no nice on this platform, or not permitted: run as before
+        logger.debug("helper priority not lowered", exc_info=True)
 
 
 class _Host:
@@ -47,8 +65,9 @@ class _Host:
         self._configured = asyncio.Event()  # Ray runs an async actor's __init__ on its event loop
 
     def warm(self, worker: str) -> None:
-        """The driver's first call: import the worker's module. Never raises: a failure here comes back from
-        ``configure``, where the manager sees it."""
+        """The driver's first call: import the worker's module, at a lower priority (``lower_priority``). Never
+        raises: a failure here comes back from ``configure``, where the manager sees it."""
+        lower_priority()
         try:
             importlib.import_module(worker.partition(":")[0])
         except Exception:  # noqa: BLE001 - the construction imports it again and reports

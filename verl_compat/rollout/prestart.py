@@ -17,8 +17,6 @@ import asyncio
 import logging
 from typing import Any
 
-from verl_compat.rollout.adapter import server_name
-
 logger = logging.getLogger("verl_compat.rollout.prestart")
 
 # The driver keeps the handles: Ray collects a named actor that no handle refers to.
@@ -54,6 +52,8 @@ def server_names(config: Any) -> list[str]:
     for key in ("tensor_model_parallel_size", "data_parallel_size", "pipeline_model_parallel_size"):
         width *= int(get_key(rollout, key, 1))
     replicas = int(get_key(config, "trainer.n_gpus_per_node", 1)) // max(1, width)
+    from verl_compat.rollout.adapter import server_name  # imports torch: not at module import (helper_prestart)
+
     return [server_name(rank, 0) for rank in range(replicas)]
 
 
