@@ -30,7 +30,7 @@ class Spy:
 
 
 @pytest.fixture(scope="module")
-def bundle():
+def bundle(local_ray):
     import ray
     from ray.util.placement_group import placement_group, remove_placement_group
 

@@ -46,7 +46,7 @@ def lower_priority() -> None:
     """This thread (an async host's event loop: ``warm``'s imports, then verl's worker built and run in it, and the
     threads it starts) yields the CPU to the job's other processes. The hosts import torch, transformers and verl
     from the moment ``ray.init`` returns, when the trainer worker does the same on the start-up's critical path; its
-    imports ended only 2-7 s after the ten hosts' on the H100 host, and taking 2 s off the start of the trainer
+    imports ended only 1-7 s after the ten hosts' on the H100 host, and taking 2 s off the start of the trainer
     worker left its model builds starting no sooner (``docs/measurements.md``, patch 0026). The hosts are needed at
     step 1 and do little then (requests, a rule-based score), so where the CPUs are shared they can wait; where
     they are not, niceness changes nothing."""
