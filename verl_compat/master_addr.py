@@ -12,10 +12,7 @@ Client, or for a task verl-compat does not know, verl's task runs as upstream.
 
 from __future__ import annotations
 
-import logging
 from typing import Any
-
-logger = logging.getLogger("verl_compat.master_addr")
 
 
 def driver_on_only_node() -> bool:
