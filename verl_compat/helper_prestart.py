@@ -33,6 +33,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from verl_compat.ray_nodes import only_node
 from verl_compat.resolvers.helpers import HELPERS
 from verl_compat.rollout.prestart import get_key, server_names
 
@@ -201,11 +202,11 @@ def start(config: Any, kinds: dict[str, Kind] | None = None) -> list[str]:
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     kinds = KINDS if kinds is None else kinds
-    nodes = [node for node in ray.nodes() if node.get("Alive") and node.get("Resources", {}).get("CPU", 0) > 0]
-    if len(nodes) != 1:
+    node_id = only_node(require_cpu=True)
+    if node_id is None:
         return []
     # The managers' own placement on one node: soft affinity to it (agent_loop.py and reward_loop.py).
-    strategy = NodeAffinitySchedulingStrategy(node_id=nodes[0]["NodeID"], soft=True)
+    strategy = NodeAffinitySchedulingStrategy(node_id=node_id, soft=True)
     names = []
     for kind in kinds.values():
         host_class = ray.remote(kind.host)

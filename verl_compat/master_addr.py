@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from verl_compat.ray_nodes import only_node
+
 
 def driver_on_only_node() -> bool:
     """One alive node in the cluster, and this process (the driver) runs on it."""
@@ -21,8 +23,7 @@ def driver_on_only_node() -> bool:
 
     if ray.util.client.ray.is_connected():  # a Ray Client driver runs off the cluster's nodes
         return False
-    alive = [node["NodeID"] for node in ray.nodes() if node.get("Alive")]
-    return alive == [ray.get_runtime_context().get_node_id()]
+    return only_node() == ray.get_runtime_context().get_node_id()
 
 
 def master_addr_port(task: Any, placement_group: Any, bundle_index: int, master_port_range: Any) -> tuple[str, str]:

@@ -17,6 +17,8 @@ import asyncio
 import logging
 from typing import Any
 
+from verl_compat.ray_nodes import only_node
+
 logger = logging.getLogger("verl_compat.rollout.prestart")
 
 # The driver keeps the handles: Ray collects a named actor that no handle refers to.
@@ -77,8 +79,8 @@ def prestart_servers(config: Any) -> list[str]:
     names = server_names(config)
     if not names:
         return []
-    nodes = [node for node in ray.nodes() if node.get("Alive")]
-    if len(nodes) != 1:  # the replica pins each server to its trainer workers' node, unknown here
+    node_id = only_node()
+    if node_id is None:  # the replica pins each server to its trainer workers' node, unknown here
         return []
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -86,7 +88,7 @@ def prestart_servers(config: Any) -> list[str]:
     from verl_compat.rollout.server import HFServer
 
     options: dict[str, Any] = {
-        "scheduling_strategy": NodeAffinitySchedulingStrategy(node_id=nodes[0]["NodeID"], soft=False),
+        "scheduling_strategy": NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
         "max_concurrency": max_concurrency(config),
     }
     env_vars = server_env_vars()
