@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from verl_compat.ray_nodes import only_node
-from verl_compat.resolvers.helpers import HELPERS
+from verl_compat.resolvers.helpers import AGENT_WORKERS_KEY, HELPERS
 from verl_compat.rollout.prestart import get_key, server_names
 
 logger = logging.getLogger("verl_compat.helper_prestart")
@@ -146,7 +146,7 @@ KINDS = {
         "verl.trainer.ppo.v1.agent_loop_tq:AgentLoopWorkerTQ",
         "verl_compat_agent_loop_worker_{}",
         AgentWorkerHost,
-        counts=("actor_rollout_ref.rollout.agent.num_workers",),
+        counts=(AGENT_WORKERS_KEY,),
         not_when="actor_rollout_ref.rollout.agent.agent_loop_manager_class",
     ),
     # verl's legacy count key overrides the current one when set (platform.helpers' table has both); a reward
@@ -155,7 +155,7 @@ KINDS = {
         "verl.experimental.reward_loop.reward_loop:RewardLoopWorker",
         "verl_compat_reward_loop_worker_{}",
         RewardWorkerHost,
-        counts=(HELPERS["reward.num_workers"][3], "reward.num_workers"),
+        counts=(HELPERS["reward.num_workers"].legacy, "reward.num_workers"),
         not_when="reward.reward_model.enable",
     ),
     # verl's LLMServerManager creates one request router for its servers once they are up (router.py); the first

@@ -128,10 +128,10 @@ def _placement(plan: _Plan) -> None:
         decision = placement.resolve_strategy(plan.request("platform.strategy", [key], "fsdp"), p, plan.registry)
         plan.add(f"platform.strategy{decision_suffix(role)}", decision, key)
     gpus = trainer_gpus(plan.config)
-    for key, (name, what, upstream, legacy) in helpers.HELPERS.items():  # they share the host: the card's policy
-        facts = {"gpus": gpus, "what": what}
-        request = plan.request("platform.helpers", [key, *([legacy] if legacy else [])], upstream, facts)
-        plan.add(name, helpers.resolve_helpers(request, plan.profile, plan.registry), key)
+    for key, helper in helpers.HELPERS.items():  # they share the host: the card's policy
+        legacy = [helper.legacy] if helper.legacy else []
+        request = plan.request("platform.helpers", [key, *legacy], helper.upstream, {"gpus": gpus, "helper": helper})
+        plan.add(helper.name, helpers.resolve_helpers(request, plan.profile, plan.registry), key)
 
 
 def _dtypes(plan: _Plan) -> str:

@@ -1,38 +1,65 @@
-"""How many helper processes verl starts: reward-loop workers and TransferQueue storage units.
+"""How many helper processes verl starts: reward-loop and agent-loop workers and TransferQueue storage units.
 
 Each is a fresh Ray process that imports torch and verl during start-up and keeps them in host memory (after
 the imports alone: a reward-loop worker 403 MiB, a storage unit 473 MiB; benchmarks/helper_memory.py).
 Upstream's 8 of each is an eight-GPU node's, and the seed recipe offloads parameters and optimizer state into
-that same host memory. One of each per GPU below sm_80 and on CPUs; sm_80+ keeps upstream's (the registry's
-identity rule); a value the user set is theirs. Agent-loop workers are not in the table: with one, a step's 32
-requests reached the rollout over 136-148 ms instead of 16-35 ms and generation took 23% longer than the
-engine's own span instead of 8% (benchmarks/results/p40_h200_ppo_head_to_head_round_{e,d}.json, rollout_stats).
+that same host memory. Below sm_80 and on CPUs: one reward-loop worker and storage unit per GPU, and two
+agent-loop workers per GPU (one on a CPU); sm_80+ keeps upstream's (the registry's identity rule); a value the
+user set is theirs.
+
+Agent-loop workers prepare a step's requests (chat template, tokenizer) and send them to the rollout: with one
+per GPU, a step's 32 requests reached the rollout over 136-148 ms instead of 16-35 ms with eight, and
+generation took 23% longer than the engine's own span instead of 8% (benchmarks/results/
+p40_h200_ppo_head_to_head_round_{e,d}.json, rollout_stats). But the eight import torch, transformers and verl at
+start-up beside the trainer worker, whose imports are on the start-up's critical path: on a 2-core CPU the
+trainer's import took 7.8x as long beside twelve such processes, 3.7x with them at the helpers' lower priority
+(benchmarks/results/import_contention_cpu.json), and verl's PPO of SmolLM2-135M reached step 1 at 71-76 s with
+two agent-loop workers against 114-155 s with eight (benchmarks/results/startup_cpu_smollm2_ppo_agent_workers.json).
+On a CPU the engine's own decode is slower than any dispatch, so one is enough.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 from verl_compat.cpu.sizing import STORAGE_UNITS_KEY, UPSTREAM_STORAGE_UNITS
 from verl_compat.decision import Decision
 from verl_compat.profile import DeviceProfile
 from verl_compat.resolvers.registry import Option, Registry, Request, choose
 
-# config key -> (doctor name, what it counts, upstream's default, a legacy key that overrides it when set)
-HELPERS: dict[str, tuple[str, str, int, str | None]] = {
-    "reward.num_workers": (
+AGENT_WORKERS_KEY = "actor_rollout_ref.rollout.agent.num_workers"
+
+
+class Helper(NamedTuple):
+    name: str  # the doctor's decision name
+    what: str  # what the key counts
+    upstream: int  # upstream's default
+    legacy: str | None  # a legacy key that overrides it when set
+    per_gpu: int  # how many per GPU below sm_80
+    per_cpu_host: int = 1  # how many on a CPU-only host
+
+
+HELPERS: dict[str, Helper] = {
+    "reward.num_workers": Helper(
         "platform.helpers.reward",
         "reward-loop workers",
         8,
         "reward_model.num_workers",  # overrides reward.num_workers when set (reward_loop.py:44)
+        per_gpu=1,
     ),
-    STORAGE_UNITS_KEY: ("platform.helpers.storage", "TransferQueue storage units", UPSTREAM_STORAGE_UNITS, None),
+    STORAGE_UNITS_KEY: Helper(
+        "platform.helpers.storage", "TransferQueue storage units", UPSTREAM_STORAGE_UNITS, None, per_gpu=1
+    ),
+    AGENT_WORKERS_KEY: Helper("platform.helpers.agent", "agent-loop workers", 8, None, per_gpu=2),
 }
 
 
 def resolve_helpers(request: Request, profile: DeviceProfile, registry: Registry | None = None) -> Decision:
-    """One HELPERS key; facts: gpus (config_keys.trainer_gpus), what (what the key counts)."""
-    upstream, gpus, what = int(request.upstream), int(request.facts.get("gpus", 1)), request.facts.get("what", "")
-    count = max(1, min(upstream, gpus))
-    options = (Option(count, why=f"{what}: one per GPU for {gpus} GPU(s)", priority=10),)
+    """One HELPERS key; facts: gpus (config_keys.trainer_gpus), helper (its HELPERS row)."""
+    upstream, gpus, helper = int(request.upstream), int(request.facts.get("gpus", 1)), request.facts["helper"]
+    each, unit = (helper.per_cpu_host, "CPU rank") if profile.is_cpu else (helper.per_gpu, "GPU")
+    count = max(1, min(upstream, each * gpus))
+    options = (Option(count, why=f"{helper.what}: {each} per {unit} for {gpus} {unit}(s)", priority=10),)
     if count != upstream:
-        options += (Option(upstream, why=f"upstream's {upstream} {what} (an eight-GPU node's)", priority=20),)
+        options += (Option(upstream, why=f"upstream's {upstream} {helper.what} (an eight-GPU node's)", priority=20),)
     return choose(request, profile, options, registry=registry)
