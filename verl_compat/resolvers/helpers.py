@@ -15,7 +15,8 @@ start-up beside the trainer worker, whose imports are on the start-up's critical
 trainer's import took 7.8x as long beside twelve such processes, 3.7x with them at the helpers' lower priority
 (benchmarks/results/import_contention_cpu.json), and verl's PPO of SmolLM2-135M reached step 1 at 71-76 s with
 two agent-loop workers against 114-155 s with eight (benchmarks/results/startup_cpu_smollm2_ppo_agent_workers.json).
-On a CPU the engine's own decode is slower than any dispatch, so one is enough.
+Two per GPU should spread a step's requests over about half of one's 136-148 ms (not yet measured on a GPU); on
+a CPU the engine's own decode is slower than any dispatch, so one is enough.
 """
 
 from __future__ import annotations
