@@ -1,12 +1,12 @@
 """How much the trainer worker's imports slow down beside the helper processes that import at the same time.
 
 In the planned P40 job the trainer worker imports torch, tensordict, transformers and verl (10-16 s on the GPU
-hosts) while the ten prestarted helpers (agent-loop and reward-loop workers, the router), the rollout server and
-TransferQueue's two processes import the same stack. This times one foreground ``import MODULE`` in a fresh
+hosts) while the prestarted helpers (agent-loop and reward-loop workers, the router), the rollout server and
+TransferQueue's processes import the same stack. This times one foreground ``import MODULE`` in a fresh
 interpreter alone and beside N background interpreters importing the same module, started at the same moment,
-at the foreground's priority or N nice steps lower (all of them niced as Ray runs its workers, 15 steps), variants
-alternated. A variant's median over the alone
-variant's says what the helpers' imports cost the trainer's, and whether lowering their priority gives it back.
+at the foreground's priority or N nice steps lower (all of them niced as Ray runs its workers, 15 steps),
+variants alternated. A variant's median over the alone variant's says what the helpers' imports cost the
+trainer's, and whether lowering their priority gives it back.
 
     python benchmarks/import_contention.py --out benchmarks/results/import_contention_HOST.json
 """

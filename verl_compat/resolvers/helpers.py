@@ -1,7 +1,8 @@
 """How many helper processes verl starts: reward-loop and agent-loop workers and TransferQueue storage units.
 
 Each is a fresh Ray process that imports torch and verl during start-up and keeps them in host memory (after
-the imports alone: a reward-loop worker 403 MiB, a storage unit 473 MiB; benchmarks/helper_memory.py).
+the imports alone: a reward-loop worker 403 MiB, a storage unit 473 MiB, an agent-loop worker 496 MiB;
+benchmarks/helper_memory.py).
 Upstream's 8 of each is an eight-GPU node's, and the seed recipe offloads parameters and optimizer state into
 that same host memory. Below sm_80 and on CPUs: one reward-loop worker and storage unit per GPU, and two
 agent-loop workers per GPU (one on a CPU); sm_80+ keeps upstream's (the registry's identity rule); a value the
@@ -36,8 +37,7 @@ class Helper(NamedTuple):
     what: str  # what the key counts
     upstream: int  # upstream's default
     legacy: str | None  # a legacy key that overrides it when set
-    per_gpu: int  # how many per GPU below sm_80
-    per_cpu_host: int = 1  # how many on a CPU-only host
+    per_gpu: int  # how many per GPU below sm_80 (one of each per rank on a CPU)
 
 
 HELPERS: dict[str, Helper] = {
@@ -58,7 +58,7 @@ HELPERS: dict[str, Helper] = {
 def resolve_helpers(request: Request, profile: DeviceProfile, registry: Registry | None = None) -> Decision:
     """One HELPERS key; facts: gpus (config_keys.trainer_gpus), helper (its HELPERS row)."""
     upstream, gpus, helper = int(request.upstream), int(request.facts.get("gpus", 1)), request.facts["helper"]
-    each, unit = (helper.per_cpu_host, "CPU rank") if profile.is_cpu else (helper.per_gpu, "GPU")
+    each, unit = (1, "CPU rank") if profile.is_cpu else (helper.per_gpu, "GPU")
     count = max(1, min(upstream, each * gpus))
     options = (Option(count, why=f"{helper.what}: {each} per {unit} for {gpus} {unit}(s)", priority=10),)
     if count != upstream:
