@@ -45,7 +45,16 @@ WATCH = {
         "ActorRolloutRefWorker.update_weights",
         "TrainingWorker.__init__",
         "TrainingWorker.reset",
+        # steady state, per phase: the worker's whole call and its parts outside the model (call_totals)
+        "TrainingWorker.train_batch",
+        "TrainingWorker.infer_batch",
+        "TrainingWorker._postprocess_output",
     ],
+    "verl.workers.engine.base": ["BaseEngineCtx.__enter__", "BaseEngineCtx.__exit__"],
+    "verl.workers.engine.utils": ["prepare_micro_batches", "postprocess_batch_func"],
+    "verl.utils.transferqueue_utils": ["_meta_to_realdata", "_update_meta_with_output"],
+    "verl.utils.fsdp_utils": ["load_fsdp_optimizer", "offload_fsdp_optimizer"],
+    "tensordict._td": ["TensorDict.to"],
     "verl.workers.engine.fsdp.transformer_impl": [
         "FSDPEngine.initialize",
         "FSDPEngine._build_module",
