@@ -270,7 +270,7 @@ def _call(name, fn, a, k):
     return fn(*a, **k)
 
 
-def _emit(name, t0, t1):
+def _emit(name, t0, t1, label=None):
     rec = {
         "pid": os.getpid(),
         "proc": " ".join(sys.argv[:1])[-60:],
@@ -279,6 +279,8 @@ def _emit(name, t0, t1):
         "t1": t1,
         "proc_start": _T0,
     }
+    if label:  # which engine pass a forward_backward_batch was (benchmarks/phase_parts.py names phases by it)
+        rec["pass"] = label
     with open(_PATH, "a") as f:
         f.write(json.dumps(rec) + "\n")
 
@@ -312,7 +314,7 @@ def _wrap(fn, name):
             return _call(name, fn, a, k)
         finally:
             _sync()
-            _emit(name, t0, time.time())
+            _emit(name, t0, time.time(), _pass_label(name, a, k))
             _after(name)
 
     return wrapped
