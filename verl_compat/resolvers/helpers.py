@@ -16,8 +16,11 @@ start-up beside the trainer worker, whose imports are on the start-up's critical
 trainer's import took 7.8x as long beside twelve such processes, 3.7x with them at the helpers' lower priority
 (benchmarks/results/import_contention_cpu.json), and verl's PPO of SmolLM2-135M reached step 1 at 71-76 s with
 two agent-loop workers against 114-155 s with eight (benchmarks/results/startup_cpu_smollm2_ppo_agent_workers.json).
-Two per GPU should spread a step's requests over about half of one's 136-148 ms (not yet measured on a GPU); on
-a CPU the engine's own decode is slower than any dispatch, so one is enough.
+On an H100 simulating a P40 (benchmarks/results/p40_h100_ppo_planned_agent_workers_8_vs_2.json and
+..._4_8_reward_8.json, rollout_stats), generation ran past the engine's span by 214-218 ms with two, 204-211 ms
+with four and 131-168 ms with eight: eight save 45-80 ms of a 5.1-5.5 s step, less than the same setting moves
+between machines, for 3.5 GiB more host memory, so two stay. On a CPU the engine's own decode is slower than any
+dispatch, so one is enough.
 """
 
 from __future__ import annotations
