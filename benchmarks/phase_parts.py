@@ -1,5 +1,6 @@
 """Where each trainer phase's time goes outside the model: a PPO job's trace (benchmarks/startup_trace, written by
-`p40_ppo_head_to_head.py --trace` / `ppo_job.py --trace` into the job's folder as startup_trace.jsonl), per phase
+`p40_ppo_head_to_head.py --trace` / `ppo_job.py --trace` into the job's folder as startup_trace.jsonl; those
+jobs keep this summary in their result as `raw.phase_parts`), per phase
 (old_log_prob, ref, values, update_critic, update_actor), median over the steps after the first, in ms:
 
 - worker: the trainer worker's whole call (`TrainingWorker.infer_batch` / `train_batch`);

@@ -38,6 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import phase_parts  # benchmarks/phase_parts.py, beside this file: each trainer phase's host work from the trace
+
 # Qwen2.5-0.5B (hidden 896, 24 layers, 14 heads, 2 KV heads, 151,936 vocab, tied embeddings): 494 M parameters.
 QWEN25_05B = dict(
     hidden_size=896,
@@ -483,6 +485,7 @@ def _result(run: dict[str, Any], returncode: int | None, step_seen: dict[int, fl
         "log_tail": None if returncode in (0, None) else _tail(work_dir / "job.log"),
         "startup_trace": startup_timeline(trace_path, t0) if run["trace"] else None,
         "call_totals": call_totals(trace_path) if run["trace"] else None,
+        "phase_parts": phase_parts.summary(_read_jsonl(trace_path)) if run["trace"] else None,
         "alloc_stats": alloc_totals(alloc_path) if run["trace"] else None,
     }
 
