@@ -250,6 +250,9 @@ def _kernels(plan: _Plan) -> None:
     norm = kernels.UPSTREAM_RMS_NORM
     norm_request = Request("kernels.rms_norm", kernels.RMS_NORM_KEY, norm, False, norm)
     plan.add("kernels.rms_norm", kernels.resolve_rms_norm(norm_request, p, plan.registry))
+    moves = kernels.UPSTREAM_BATCH_MOVES
+    moves_request = Request("kernels.batch_moves", kernels.BATCH_MOVES_KEY, moves, False, moves)
+    plan.add("kernels.batch_moves", kernels.resolve_batch_moves(moves_request, p, plan.registry))
     logprobs_request = Request("kernels.logprobs", kernels.LOGPROBS_KEY, "rowwise", False, "rowwise")
     plan.add("kernels.logprobs", kernels.resolve_logprobs(logprobs_request, p, plan.registry))
     for role, model in MODEL_ROLES.items():

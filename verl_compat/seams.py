@@ -289,6 +289,17 @@ def fused_head_chunk() -> int:
     return int(_resolve(kernels.resolve_fused_chunk, "kernels.fused_chunk", k, upstream, upstream, settled=False))
 
 
+def batch_to_device(batch: Any, device: Any) -> Any:
+    """transformer_impl.py forward_step: each micro-batch to the device (kernels.batch_moves: "tensors" moves its
+    tensors and keeps its non-tensor fields, verl_compat.batch_moves; upstream's TensorDict.to on sm_80+)."""
+    k, upstream = kernels.BATCH_MOVES_KEY, kernels.UPSTREAM_BATCH_MOVES
+    if _resolve(kernels.resolve_batch_moves, "kernels.batch_moves", k, upstream, upstream, settled=False) == "tensors":
+        from verl_compat.batch_moves import to_device
+
+        return to_device(batch, device)
+    return batch.to(device)
+
+
 def model_kernels(module: Any) -> Any:
     """transformer_impl.py _build_module, after the model is built and cast: kernels.rms_norm ("torch": its plain
     RMSNorm modules run F.rms_norm, verl_compat.norms; upstream's model code on sm_80+ and CPUs). Returns it."""

@@ -152,6 +152,25 @@ def resolve_rms_norm(request: Request, profile: DeviceProfile, registry: Registr
     return choose(request, profile, RMS_NORM_OPTIONS, registry=registry)
 
 
+# How the FSDP engine moves each micro-batch to the device (no config key; verl_compat.batch_moves): TensorDict.to
+# rebuilds every per-sample non-tensor field element by element, 23 ms of host time per 32-row micro-batch on a
+# 2-core CPU against 0.26 ms here (benchmarks/batch_moves.py), in every pass of every step. Below sm_80 and on CPUs
+# the tensors move and the non-tensor fields are kept as they are; sm_80+ keeps upstream's TensorDict.to.
+BATCH_MOVES_KEY = "how a micro-batch moves to the device (no config key; verl_compat.batch_moves)"
+UPSTREAM_BATCH_MOVES = "tensordict"
+
+BATCH_MOVES_OPTIONS: tuple[Option, ...] = (
+    Option("tensors", why="its tensors moved, its per-sample non-tensor fields kept, not rebuilt", priority=10),
+    Option(UPSTREAM_BATCH_MOVES, why="TensorDict.to: every element rebuilt (upstream verl)", priority=20),
+)
+
+
+def resolve_batch_moves(request: Request, profile: DeviceProfile, registry: Registry | None = None) -> Decision:
+    """How the engine moves a micro-batch: 'tensors' (verl_compat.batch_moves) or 'tensordict'; upstream's is
+    'tensordict'."""
+    return choose(request, profile, BATCH_MOVES_OPTIONS, registry=registry)
+
+
 def _liger_reasons(ctx: Context) -> list[Reason]:
     return triton_reasons(ctx.profile, "Liger") + needs_package(ctx.profile, "liger_kernel", "use_liger")
 
