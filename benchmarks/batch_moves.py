@@ -78,12 +78,25 @@ def measure(batch: TensorDict, device: str, repeats: int) -> dict:
     return out
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def cli(doc: str, repeats: int) -> argparse.Namespace:
+    """The options these host-work benchmarks share: rows of the batch, repeats per round, an output file."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--rows", type=int, default=32)
-    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--repeats", type=int, default=repeats)
     parser.add_argument("--out")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def emit(result: dict, out: str | None) -> None:
+    text = json.dumps(result, indent=1)
+    print(text)
+    if out:
+        with open(out, "w") as f:
+            f.write(text + "\n")
+
+
+def main() -> None:
+    args = cli(__doc__, repeats=30)
     batch = trainer_batch(args.rows)
     result = {
         "rows": args.rows,
@@ -95,11 +108,7 @@ def main() -> None:
     if torch.cuda.is_available():
         result["gpu"] = torch.cuda.get_device_name()
         result["cuda"] = measure(batch, "cuda", args.repeats)
-    text = json.dumps(result, indent=1)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+    emit(result, args.out)
 
 
 if __name__ == "__main__":

@@ -12,35 +12,23 @@ alternated; the median ms of each and their ratio are printed as JSON.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import statistics
 import sys
 import time
 
 import ray
-from omegaconf import OmegaConf
+from batch_moves import cli, emit
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def _conf():
+    """TransferQueue as verl's own config sets it up for a one-GPU job with one storage unit (the plan's count)."""
     from verl_compat import tq_prestart
+    from verl_compat.policy import compose_ppo_config
 
-    job = {
-        "trainer": {"use_v1": True, "v1": {"trainer_mode": "sync"}, "nnodes": 1, "n_gpus_per_node": 1},
-        "actor_rollout_ref": {"rollout": {"name": "hf"}},
-        "transfer_queue": {
-            "enable": False,
-            "metrics": {"enabled": False, "port": 0},
-            "backend": {
-                "storage_backend": "SimpleStorage",
-                "SimpleStorage": {"total_storage_size": 256, "num_data_storage_units": 1},
-            },
-        },
-    }
-    return tq_prestart.conf_for(OmegaConf.create(job))
+    return tq_prestart.conf_for(compose_ppo_config(["transfer_queue.backend.SimpleStorage.num_data_storage_units=1"]))
 
 
 @ray.remote(num_cpus=0)
@@ -75,21 +63,13 @@ class _Worker:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=32)
-    parser.add_argument("--repeats", type=int, default=15)
-    parser.add_argument("--out")
-    args = parser.parse_args()
+    args = cli(__doc__, repeats=15)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         result = {"rows": args.rows, **ray.get(_Worker.remote().run.remote(_conf(), args.rows, args.repeats))}
     finally:
         ray.shutdown()
-    text = json.dumps(result, indent=1)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+    emit(result, args.out)
 
 
 if __name__ == "__main__":
