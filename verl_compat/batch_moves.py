@@ -3,7 +3,7 @@
 verl's FSDP engine moves every micro-batch with `TensorDict.to(device)` (transformer_impl.py forward_step). The
 batches of verl's v1 trainer carry about twenty per-sample non-tensor fields (raw_prompt, reward_model,
 extra_info, tools_kwargs, ...) as NonTensorStacks, and `TensorDict.to` rebuilds each of their elements as a new
-NonTensorData: 23 ms for a 32-row batch on a 2-core CPU, where moving it here takes 0.26 ms
+NonTensorData: 23-31 ms for a 32-row batch on a 2-core CPU, where moving it here takes 0.26-0.57 ms
 (`python benchmarks/batch_moves.py`, benchmarks/results/batch_moves_cpu.json), in every pass of every step, with
 the GPU idle. Non-tensor data has no device, so here the tensors (nested ones included) are moved as
 `TensorDict.to` moves them and the non-tensor entries are kept as they are; the result is a TensorDict on

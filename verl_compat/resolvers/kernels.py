@@ -153,9 +153,10 @@ def resolve_rms_norm(request: Request, profile: DeviceProfile, registry: Registr
 
 
 # How the FSDP engine moves each micro-batch to the device (no config key; verl_compat.batch_moves): TensorDict.to
-# rebuilds every per-sample non-tensor field element by element, 23 ms of host time per 32-row micro-batch on a
-# 2-core CPU against 0.26 ms here (benchmarks/batch_moves.py), in every pass of every step. Below sm_80 and on CPUs
-# the tensors move and the non-tensor fields are kept as they are; sm_80+ keeps upstream's TensorDict.to.
+# rebuilds every per-sample non-tensor field element by element, 23-31 ms of host time per 32-row micro-batch on
+# a 2-core CPU against 0.26-0.57 ms here (benchmarks/batch_moves.py), in every pass of every step. Below sm_80
+# and on CPUs the tensors move and the non-tensor fields are kept as they are; sm_80+ keeps upstream's
+# TensorDict.to.
 BATCH_MOVES_KEY = "how a micro-batch moves to the device (no config key; verl_compat.batch_moves)"
 UPSTREAM_BATCH_MOVES = "tensordict"
 
