@@ -29,15 +29,15 @@ def to_device(batch: TensorDictBase, device: Any) -> TensorDictBase:
         return batch.to(device)
     device = torch.device(device)
     moved: dict[str, Any] = {}
-    for key in batch.keys():
-        value = batch._get_str(key, None)
+    for key, value in batch.items():  # non-tensor entries come as their NonTensorData / NonTensorStack wrappers
         if isinstance(value, (NonTensorData, NonTensorStack)):
             moved[key] = value  # no device: nothing to move
         elif type(value) is TensorDict:
             moved[key] = to_device(value, device)
         else:
             moved[key] = value.to(device)
-    # every value is already on `device` (or has none): the unchecked constructor, as TensorDict.to uses
+    # every value is already on `device` (or has none): tensordict's unchecked constructor, as its own .to uses
+    # (the checked one would move, that is rebuild, the non-tensor entries again)
     return TensorDict._new_unsafe(moved, batch_size=batch.batch_size, device=device, names=_names(batch))
 
 
