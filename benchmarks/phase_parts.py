@@ -4,12 +4,14 @@ jobs keep this summary in their result as `raw.phase_parts`), per phase
 (old_log_prob, ref, values, update_critic, update_actor), median over the steps after the first, in ms:
 
 - worker: the trainer worker's whole call (`TrainingWorker.infer_batch` / `train_batch`);
-- model: `forward_step` (the forward and the loss; the GPU is waited for where verl reads a value back);
+- model: `forward_step` (the micro-batch's move, the forward and the loss; the GPU is waited for where verl
+  reads a value back);
 - backward: the rest of `forward_backward_batch` after its micro-batches' forward steps and its own preparation;
 - optimizer: `optimizer_step` (gradient clip, bringing offloaded AdamW state, the step);
 - host work, none of it the model's: `tq_get` / `tq_put` (the batch fetched from and results written to
   TransferQueue), `micro_batches` (`prepare_micro_batches`: sequence balancing and the split), `to_device`
-  (`TensorDict.to`: the micro-batch to the GPU and the outputs back), `postprocess` (outputs reassembled, metrics).
+  (`TensorDict.to` or, below sm_80, `verl_compat.batch_moves.to_device`: the micro-batch to the GPU and the
+  outputs back; a move inside another is counted once), `postprocess` (outputs reassembled, metrics).
 
 Without VERL_COMPAT_TRACE_SYNC=1 the host spans end when the host moves on, so `model` and `backward` hold the
 GPU's time only where verl waits for it; the host parts are host time either way.
@@ -40,7 +42,7 @@ INSIDE = {
     "model": ("FSDPEngineWithLMHead.forward_step",),
     "optimizer": ("FSDPEngine.optimizer_step",),
     "micro_batches": ("prepare_micro_batches",),
-    "to_device": ("TensorDict.to",),
+    "to_device": ("TensorDict.to", "batch_moves.to_device"),
     "postprocess": ("postprocess_batch_func", "TrainingWorker._postprocess_output"),
 }
 HOST_PARTS = ("tq_get", "tq_put", "micro_batches", "to_device", "postprocess")
@@ -54,6 +56,11 @@ def _ends(r: dict[str, Any], names: tuple[str, ...]) -> bool:
     return r["name"].endswith(names)
 
 
+def _outermost(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The records not inside another of `rows` (a move that calls another move is one move)."""
+    return [r for r in rows if not any(o is not r and o["t0"] <= r["t0"] and r["t1"] <= o["t1"] for o in rows)]
+
+
 def calls(trace: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One record per trainer-worker call, in time order: its phase and its parts in ms."""
     workers = sorted((r for r in trace if _ends(r, WORKER_CALLS)), key=lambda r: r["t0"])
@@ -64,14 +71,15 @@ def calls(trace: list[dict[str, Any]]) -> list[dict[str, Any]]:
         prev_end = max((p["t1"] for p in workers[:i] if p["pid"] == w["pid"]), default=0.0)
         next_start = min((n["t0"] for n in workers[i + 1 :] if n["pid"] == w["pid"]), default=float("inf"))
         fbb = [r for r in inside if _ends(r, ("FSDPEngine.forward_backward_batch",))]
-        parts = {k: _ms([r for r in inside if _ends(r, names)]) for k, names in INSIDE.items()}
+        parts = {k: _ms(_outermost([r for r in inside if _ends(r, names)])) for k, names in INSIDE.items()}
         # TransferQueue's fetch comes right before the worker's call (or inside it), its write right after
         parts["tq_get"] = _ms([r for r in same if _ends(r, ("_meta_to_realdata",)) and prev_end <= r["t0"] < w["t1"]])
         parts["tq_put"] = _ms(
             [r for r in same if _ends(r, ("_update_meta_with_output",)) and w["t0"] <= r["t0"] < next_start]
         )
         fbb_inner = [r for r in inside if any(r["t0"] >= f["t0"] and r["t1"] <= f["t1"] for f in fbb)]
-        own = _ms([r for r in fbb_inner if _ends(r, INSIDE["model"] + INSIDE["micro_batches"] + INSIDE["to_device"])])
+        runs_itself = INSIDE["model"] + INSIDE["micro_batches"] + INSIDE["to_device"]
+        own = _ms(_outermost([r for r in fbb_inner if _ends(r, runs_itself)]))  # verl's move is inside forward_step
         parts["backward"] = max(0.0, _ms(fbb) - own) if w["name"].endswith("train_batch") else 0.0
         parts["worker"] = _ms([w])
         label = next((f.get("pass") for f in fbb if f.get("pass")), None)

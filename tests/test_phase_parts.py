@@ -69,3 +69,14 @@ def test_unlabelled_trace_follows_verls_order():
 def test_other_process_not_charged():
     trace = _step(0.0, 1) + [_r("verl.utils.transferqueue_utils._meta_to_realdata", 0.0, 5.0, pid=99)]
     assert round(phase_parts.summary(trace)["old_log_prob"]["median_ms"]["tq_get"]) == 40
+
+
+def test_the_compat_move_counted_once():
+    """Below sm_80 forward_step moves its micro-batch through verl_compat.batch_moves, which may call
+    TensorDict.to inside (a lazy stack): one move, counted once."""
+    trace = _step(0.0, 1) + _step(10.0, 1)
+    for r in [r for r in trace if r["name"] == "tensordict._td.TensorDict.to"]:
+        trace.append(_r("verl_compat.batch_moves.to_device", r["t0"] - 0.005, r["t1"]))
+    critic = phase_parts.summary(trace)["update_critic"]["median_ms"]
+    assert round(critic["to_device"]) == 15
+    assert round(critic["backward"]) == 400 - 20 - 15 - 100

@@ -55,6 +55,7 @@ WATCH = {
     "verl.utils.transferqueue_utils": ["_meta_to_realdata", "_update_meta_with_output"],
     "verl.utils.fsdp_utils": ["load_fsdp_optimizer", "offload_fsdp_optimizer"],
     "tensordict._td": ["TensorDict.to"],
+    "verl_compat.batch_moves": ["to_device"],  # the engine's micro-batch move below sm_80 (kernels.batch_moves)
     "verl.workers.engine.fsdp.transformer_impl": [
         "FSDPEngine.initialize",
         "FSDPEngine._build_module",
